@@ -1,0 +1,1 @@
+"""durable_rollouts: agent rollouts against RL environments, made durable by Temporal."""

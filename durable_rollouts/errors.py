@@ -1,0 +1,101 @@
+"""The one exception tree of durable_rollouts.
+
+Every error this package raises on purpose derives from :class:`DurableRolloutsError`::
+
+    DurableRolloutsError
+    ├── ConfigError            a user mistake: bad task, bad args, bad agent/runtime spec (never retried)
+    │   └── TaskNotFoundError  a task id that the environment does not define
+    ├── ProtocolError          the control channel said no (carries the JSON-RPC code)
+    │   ├── UnauthorizedError  wrong or missing token (-32001)
+    │   └── RemoteTaskError    the task body raised inside the environment (-32000)
+    ├── InvalidStateError      an operation in the wrong session/connection state
+    ├── ConnectionLostError    the channel dropped mid-call (retryable infrastructure)
+    ├── SubstrateGoneError     the substrate behind an endpoint is gone: reprovision
+    ├── ProviderError          a provider could not place or remove an environment
+    ├── EnvError               the environment itself failed (hook raised, capability never came up)
+    └── ReadyTimeoutError      the substrate never answered `hello` in time (also a TimeoutError)
+
+Activities map these to Temporal failures at one edge (``durable_rollouts.activities.failures``):
+``ConfigError`` becomes a non-retryable ``ApplicationError``, ``SubstrateGoneError`` a typed one the
+``Rollout`` workflow reacts to by reprovisioning, everything else is retried with backoff.
+
+This module imports nothing from the rest of the package.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "ConfigError",
+    "ConnectionLostError",
+    "DurableRolloutsError",
+    "EnvError",
+    "InvalidStateError",
+    "ProtocolError",
+    "ProviderError",
+    "ReadyTimeoutError",
+    "RemoteTaskError",
+    "SubstrateGoneError",
+    "TaskNotFoundError",
+    "UnauthorizedError",
+]
+
+
+class DurableRolloutsError(Exception):
+    """Root of every error raised on purpose by durable_rollouts."""
+
+
+class ConfigError(DurableRolloutsError, ValueError):
+    """A user mistake that no retry can fix (bad task, args, agent or runtime spec)."""
+
+
+class TaskNotFoundError(ConfigError, KeyError):
+    """The environment defines no task with this id."""
+
+    def __str__(self) -> str:  # KeyError quotes its message; keep it readable
+        return str(self.args[0]) if self.args else "unknown task"
+
+
+class ProtocolError(DurableRolloutsError):
+    """An error frame from the control channel, or a frame that breaks the protocol.
+
+    Args:
+        code: the JSON-RPC error code.
+        message: the human-readable message from the frame.
+    """
+
+    def __init__(self, code: int, message: str) -> None:
+        super().__init__(f"[{code}] {message}")
+        self.code = code
+        self.message = message
+
+
+class UnauthorizedError(ProtocolError):
+    """The server rejected the token (-32001)."""
+
+
+class RemoteTaskError(ProtocolError):
+    """The task body raised inside the environment (-32000)."""
+
+
+class InvalidStateError(DurableRolloutsError, RuntimeError):
+    """An operation was attempted in a state that does not allow it."""
+
+
+class ConnectionLostError(DurableRolloutsError, ConnectionError):
+    """The control channel closed or broke in the middle of a call."""
+
+
+class SubstrateGoneError(DurableRolloutsError):
+    """The substrate behind an endpoint no longer exists (refused, or its session is unknown)."""
+
+
+class ProviderError(DurableRolloutsError):
+    """A provider failed to place, reach or remove an environment."""
+
+
+class EnvError(DurableRolloutsError):
+    """The environment failed on its own side (a hook raised, a capability never came up)."""
+
+
+class ReadyTimeoutError(DurableRolloutsError, TimeoutError):
+    """The substrate did not answer ``hello`` before the ready timeout."""

@@ -1,0 +1,353 @@
+"""Pure data models shared by every layer: tasks, runtime config, grades, traces, step I/O.
+
+Only pydantic and the standard library are imported here, so Temporal workflows may import this
+module inside their sandbox. Anything with behaviour (providers, clients, agents, Job/Run) lives
+in ``durable_rollouts.sdk``; anything with I/O lives in activities.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, computed_field, model_validator
+
+__all__ = [
+    "AgentInput",
+    "AgentResult",
+    "ConnectInput",
+    "GradeInput",
+    "ProvisionInput",
+    "StartInput",
+    "TeardownInput",
+    "VerifyInput",
+    "AgentSpec",
+    "Endpoint",
+    "Grade",
+    "Limits",
+    "ProviderSpec",
+    "Resources",
+    "RolloutResult",
+    "RolloutStatus",
+    "RuntimeConfig",
+    "Session",
+    "Step",
+    "SubScore",
+    "Task",
+    "TaskCall",
+    "Trace",
+    "TraceRef",
+    "task_slug",
+]
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+# ---------------------------------------------------------------------------------------------
+# Runtime configuration
+
+
+class Resources(_Model):
+    cpu: float | None = Field(default=None, gt=0)
+    memory_mb: int | None = Field(default=None, gt=0)
+    gpu: int | None = Field(default=None, ge=0)
+
+
+class Limits(_Model):
+    startup_timeout_s: float | None = Field(default=None, gt=0)
+    run_timeout_s: float | None = Field(default=None, gt=0)
+
+
+class RuntimeConfig(_Model):
+    """What a row asks of its substrate. A provider rejects any field it cannot honour."""
+
+    image: str | None = None
+    resources: Resources = Field(default_factory=Resources)
+    limits: Limits = Field(default_factory=Limits)
+
+    def set_fields(self) -> set[str]:
+        """Dotted names of every field that is set (``resources.cpu``, ``image`` ...)."""
+        out: set[str] = set()
+        if self.image is not None:
+            out.add("image")
+        for group in ("resources", "limits"):
+            for name, value in getattr(self, group).model_dump().items():
+                if value is not None:
+                    out.add(f"{group}.{name}")
+        return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Tasks
+
+
+def task_slug(id: str, args: dict[str, Any]) -> str:
+    """Stable slug: the task id plus 8 hex of the SHA-1 of the sorted-args JSON."""
+    digest = hashlib.sha1(
+        json.dumps(args, sort_keys=True, separators=(",", ":"), default=str).encode()
+    ).hexdigest()[:8]
+    return f"{id}-{digest}"
+
+
+class Task(_Model):
+    """One row of a taskset: which env, which task template, which args — pure data.
+
+    ``source`` says where the environment lives (an ``env.py`` path, a module, an image); a
+    provider may use it or ignore it. ``verifier`` is an agent-less Task graded with this task's
+    result; verifiers cannot be nested.
+    """
+
+    env: str
+    id: str
+    args: dict[str, Any] = Field(default_factory=dict)
+    source: str | None = None
+    runtime_config: RuntimeConfig | None = None
+    verifier: Task | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _drop_slug(cls, data: Any) -> Any:
+        # `slug` is derived; accept it in files (exports carry it) but never trust it.
+        if isinstance(data, dict) and "slug" in data:
+            data = {k: v for k, v in data.items() if k != "slug"}
+        return data
+
+    @model_validator(mode="after")
+    def _no_nested_verifier(self) -> Task:
+        if self.verifier is not None and self.verifier.verifier is not None:
+            raise ValueError("verifiers cannot be nested: a verifier task has its own verifier")
+        return self
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def slug(self) -> str:
+        return task_slug(self.id, self.args)
+
+
+# ---------------------------------------------------------------------------------------------
+# Specs that reach workers (import path + config, rebuilt on each worker)
+
+
+class AgentSpec(_Model):
+    """An agent as data: ``module:Class`` (or a built-in short name) plus its config."""
+
+    path: str
+    config: dict[str, Any] = Field(default_factory=dict)
+
+
+class ProviderSpec(_Model):
+    """A provider as data: its kind (built-in name or ``module:Class``) plus options."""
+
+    kind: str
+    options: dict[str, Any] = Field(default_factory=dict)
+
+
+# ---------------------------------------------------------------------------------------------
+# Step I/O
+
+
+class Endpoint(_Model):
+    """Where a provisioned substrate answers, and what it takes to release it.
+
+    ``handle`` is provider-specific (pid, container id ...). ``task_queue`` is set when the
+    substrate is reachable only from the host that provisioned it: later steps run there.
+    """
+
+    url: str
+    params: dict[str, Any] = Field(default_factory=dict)
+    config: RuntimeConfig | None = None
+    provider: ProviderSpec
+    key: str
+    handle: dict[str, Any] = Field(default_factory=dict)
+    task_queue: str | None = None
+
+
+class Session(_Model):
+    """A control-channel session opened by ``connect``; later steps resume it by id."""
+
+    session_id: str
+    env_name: str
+    env_version: str
+    bindings: list[dict[str, Any]] = Field(default_factory=list)
+
+
+class SubScore(_Model):
+    name: str
+    value: float
+    weight: float = 1.0
+    info: dict[str, Any] = Field(default_factory=dict)
+
+
+class Grade(_Model):
+    """A graded result. ``raw`` is the env's grade frame as received."""
+
+    reward: float = 0.0
+    done: bool = True
+    content: str | None = None
+    info: dict[str, Any] = Field(default_factory=dict)
+    is_error: bool = False
+    raw: dict[str, Any] = Field(default_factory=dict)
+    subscores: list[SubScore] = Field(default_factory=list)
+
+    @classmethod
+    def from_frame(cls, frame: dict[str, Any]) -> Grade:
+        """Build from a ``tasks.grade`` result; ``score`` must be a number, not a bool."""
+        score = frame.get("score")
+        if isinstance(score, bool) or not isinstance(score, (int, float)):
+            raise ValueError(f"grade frame has no numeric score: {frame!r}")
+        subs = [SubScore.model_validate(s) for s in frame.get("subscores", []) if isinstance(s, dict)]
+        info = frame.get("info") if isinstance(frame.get("info"), dict) else {}
+        content = frame.get("content")
+        return cls(
+            reward=float(score),
+            done=bool(frame.get("done", True)),
+            content=None if content is None else str(content),
+            info=info,
+            raw=dict(frame),
+            subscores=subs,
+        )
+
+    @classmethod
+    def error(cls, message: str, raw: dict[str, Any] | None = None) -> Grade:
+        return cls(reward=0.0, is_error=True, content=message, raw=raw or {})
+
+
+class TaskCall(_Model):
+    phase: str
+    name: str
+    arguments: dict[str, Any] = Field(default_factory=dict)
+    result: Any = None
+
+
+class Step(_Model):
+    """One recorded step of a rollout's trace."""
+
+    index: int = 0
+    source: Literal["user", "agent", "tool", "task", "subagent", "system"]
+    messages: list[dict[str, Any]] = Field(default_factory=list)
+    task_call: TaskCall | None = None
+    error: str | None = None
+    started_at: float = Field(default_factory=time.time)
+    ended_at: float | None = None
+    extra: dict[str, Any] = Field(default_factory=dict)
+
+
+class Trace(_Model):
+    """Everything the agent did, plus its final answer in ``content``."""
+
+    trace_id: str = ""
+    steps: list[Step] = Field(default_factory=list)
+    status: Literal["running", "completed", "error", "cancelled"] = "running"
+    stop_reason: Literal["done", "max_steps", "length", "timeout", "malformed_tool_call", "error"] | None = None
+    content: str | None = None
+    extra: dict[str, Any] = Field(default_factory=dict)
+
+    def record(self, step: Step) -> Step:
+        step.index = len(self.steps)
+        self.steps.append(step)
+        return step
+
+    @property
+    def is_error(self) -> bool:
+        return self.status == "error"
+
+
+class TraceRef(_Model):
+    """A claim check for a trace kept out of workflow history."""
+
+    uri: str
+    size: int = 0
+
+
+class AgentResult(_Model):
+    """What the agent step returns: the answer plus a claim check for the full trace."""
+
+    content: str | None = None
+    status: str = "completed"
+    stop_reason: str | None = None
+    error: str | None = None
+    trace_ref: TraceRef | None = None
+
+
+RolloutStatus = Literal["succeeded", "errored", "failed", "cancelled", "timeout"]
+
+
+class RolloutResult(_Model):
+    """Compact per-rollout outcome, small enough to keep many in a workflow."""
+
+    rollout_id: str
+    slug: str
+    group_id: str
+    group_index: int
+    row_index: int = 0
+    status: RolloutStatus
+    reward: float | None = None
+    grade: Grade | None = None
+    attempts: int = 1
+    error: str | None = None
+    error_phase: str | None = None
+    trace_ref: TraceRef | None = None
+    started_at: float | None = None
+    ended_at: float | None = None
+
+
+# ---------------------------------------------------------------------------------------------
+# Inputs of the rollout steps (one pydantic model each, so activities can grow fields later)
+
+
+class ProvisionInput(_Model):
+    """Place ``task``'s environment with ``provider``; idempotent per ``key`` (the rollout id)."""
+
+    key: str
+    task: Task
+    provider: ProviderSpec
+
+
+class ConnectInput(_Model):
+    endpoint: Endpoint
+    ready_timeout_s: float | None = None
+
+
+class StartInput(_Model):
+    endpoint: Endpoint
+    session: Session
+    task: Task
+
+
+class AgentInput(_Model):
+    endpoint: Endpoint
+    session: Session
+    task: Task
+    prompt: dict[str, Any]
+    agent: AgentSpec
+    rollout_id: str
+    job_id: str = ""
+    group_id: str = ""
+    timeout_s: float | None = None
+
+
+class GradeInput(_Model):
+    endpoint: Endpoint
+    session: Session
+    answer: str | None = None
+    agent_error: str | None = None
+
+
+class VerifyInput(_Model):
+    """Grade ``task.verifier`` with the actor's result (``actor_raw``), never re-running the agent."""
+
+    task: Task
+    actor_endpoint: Endpoint
+    actor_session: Session
+    actor_raw: dict[str, Any] = Field(default_factory=dict)
+    provider: ProviderSpec
+    key: str
+
+
+class TeardownInput(_Model):
+    endpoint: Endpoint
+    session: Session | None = None

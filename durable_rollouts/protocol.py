@@ -1,0 +1,275 @@
+"""The control-channel wire protocol: one neutral module shared by server and client.
+
+Newline-delimited JSON-RPC 2.0 over one TCP port. This module holds everything both sides must
+agree on — method names, error codes, parameter/result models, the port announcement — plus a
+sans-I/O :class:`LineProtocol` that turns bytes into frames and frames into bytes. It performs no
+I/O and imports neither ``envserver`` nor ``sdk`` (both import it).
+
+Typical use by an I/O adapter::
+
+    proto = LineProtocol(max_line_bytes=16 * 2**20)
+    proto.receive_data(chunk)
+    for event in proto.events_received():
+        ...                     # dict frames, or FrameError for a bad line
+    writer.write(proto.data_to_send())
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from .errors import (
+    ProtocolError,
+    RemoteTaskError,
+    UnauthorizedError,
+)
+
+__all__ = [
+    "DEFAULT_MAX_LINE_BYTES",
+    "ErrorCode",
+    "FrameError",
+    "GradeParams",
+    "HelloParams",
+    "HelloResult",
+    "LineProtocol",
+    "Method",
+    "PROTOCOL_VERSION",
+    "SERVE_PORT_ANNOUNCEMENT",
+    "StartParams",
+    "TunnelOpenParams",
+    "error_frame",
+    "error_from_frame",
+    "request_frame",
+    "result_frame",
+]
+
+PROTOCOL_VERSION = "1"
+"""Bumped on any incompatible wire change; the client rejects a server speaking another."""
+
+SERVE_PORT_ANNOUNCEMENT = "ROLLOUTS_SERVE_PORT="
+"""Printed once by ``serve`` (followed by the port) after hooks ran and the port is bound."""
+
+DEFAULT_MAX_LINE_BYTES = 16 * 1024 * 1024
+
+
+class Method(StrEnum):
+    """Every method of the control channel."""
+
+    HELLO = "hello"
+    TASKS_LIST = "tasks.list"
+    TASKS_START = "tasks.start"
+    TASKS_GRADE = "tasks.grade"
+    TASKS_CANCEL = "tasks.cancel"
+    BYE = "bye"
+    TUNNEL_OPEN = "tunnel.open"
+
+
+class ErrorCode:
+    """JSON-RPC error codes used on the wire."""
+
+    PARSE_ERROR = -32700
+    INVALID_REQUEST = -32600
+    METHOD_NOT_FOUND = -32601
+    INVALID_PARAMS = -32602
+    INTERNAL_ERROR = -32603
+    TASK_ERROR = -32000
+    UNAUTHORIZED = -32001
+
+
+# ---------------------------------------------------------------------------------------------
+# Parameter and result models (validated once at the boundary)
+
+
+class _Params(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class HelloParams(_Params):
+    """``hello``: open a new session, or resume a parked one by id."""
+
+    session_id: str | None = None
+    token: str | None = None
+    protocol: str | None = None
+
+
+class EnvInfo(BaseModel):
+    name: str
+    version: str
+
+
+class HelloResult(BaseModel):
+    """Reply to ``hello``."""
+
+    session_id: str
+    env: EnvInfo
+    bindings: list[dict[str, Any]] = Field(default_factory=list)
+    protocol: str = PROTOCOL_VERSION
+
+
+class StartParams(_Params):
+    """``tasks.start``: start task ``id`` with ``args``."""
+
+    id: str
+    args: dict[str, Any] = Field(default_factory=dict)
+
+
+class GradeParams(BaseModel):
+    """``tasks.grade``: the agent's answer plus any extra keys the task wants to see."""
+
+    model_config = ConfigDict(extra="allow")
+
+    answer: Any = None
+
+
+class TunnelOpenParams(_Params):
+    """``tunnel.open`` (first frame only): turn this connection into a byte pipe."""
+
+    capability: str
+
+
+# ---------------------------------------------------------------------------------------------
+# Frame constructors and error mapping
+
+
+def request_frame(id: int | str | None, method: str, params: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Build a JSON-RPC request (a notification when ``id`` is None)."""
+    frame: dict[str, Any] = {"jsonrpc": "2.0", "method": method, "params": params or {}}
+    if id is not None:
+        frame["id"] = id
+    return frame
+
+
+def result_frame(id: int | str | None, result: Any) -> dict[str, Any]:
+    """Build a JSON-RPC success reply."""
+    return {"jsonrpc": "2.0", "id": id, "result": result}
+
+
+def error_frame(id: int | str | None, code: int, message: str) -> dict[str, Any]:
+    """Build a JSON-RPC error reply."""
+    return {"jsonrpc": "2.0", "id": id, "error": {"code": code, "message": message}}
+
+
+_CODE_TO_ERROR: dict[int, type[ProtocolError]] = {
+    ErrorCode.UNAUTHORIZED: UnauthorizedError,
+    ErrorCode.TASK_ERROR: RemoteTaskError,
+}
+
+
+def error_from_frame(error: Any) -> ProtocolError:
+    """Turn the ``error`` member of a reply into the matching exception."""
+    if not isinstance(error, dict):
+        return ProtocolError(ErrorCode.INTERNAL_ERROR, f"malformed error member: {error!r}")
+    code = error.get("code")
+    message = str(error.get("message", ""))
+    if not isinstance(code, int):
+        return ProtocolError(ErrorCode.INTERNAL_ERROR, f"malformed error code: {code!r}")
+    return _CODE_TO_ERROR.get(code, ProtocolError)(code, message)
+
+
+# ---------------------------------------------------------------------------------------------
+# Sans-I/O framing
+
+
+@dataclass(frozen=True)
+class FrameError:
+    """A line that could not become a frame. ``fatal`` means the connection must close."""
+
+    code: int
+    message: str
+    fatal: bool = False
+    id: int | str | None = None
+
+
+class LineProtocol:
+    """Newline-delimited JSON framing with a line-size cap; no I/O.
+
+    Feed bytes with :meth:`receive_data` / :meth:`receive_eof`, pull parsed frames with
+    :meth:`events_received`, queue frames with :meth:`send` and pull bytes with
+    :meth:`data_to_send`. A line longer than ``max_line_bytes`` yields a fatal
+    :class:`FrameError` and everything after it is ignored.
+    """
+
+    def __init__(self, max_line_bytes: int = DEFAULT_MAX_LINE_BYTES) -> None:
+        self.max_line_bytes = max_line_bytes
+        self._buffer = bytearray()
+        self._events: list[dict[str, Any] | FrameError] = []
+        self._out = bytearray()
+        self.eof = False
+        self.broken = False
+
+    def receive_data(self, data: bytes) -> None:
+        """Feed bytes read from the peer."""
+        if self.broken or self.eof:
+            return
+        self._buffer += data
+        while not self.broken:
+            newline = self._buffer.find(b"\n")
+            if newline < 0:
+                if len(self._buffer) > self.max_line_bytes:
+                    self._break(f"frame exceeds {self.max_line_bytes} bytes")
+                return
+            if newline > self.max_line_bytes:
+                self._break(f"frame exceeds {self.max_line_bytes} bytes")
+                return
+            line = bytes(self._buffer[:newline])
+            del self._buffer[: newline + 1]
+            self._parse(line)
+
+    def receive_eof(self) -> None:
+        """The peer closed its side; a trailing unterminated line is parsed as a frame."""
+        if self.broken or self.eof:
+            return
+        if self._buffer.strip():
+            line = bytes(self._buffer)
+            self._buffer.clear()
+            self._parse(line)
+        self.eof = True
+
+    def events_received(self) -> list[dict[str, Any] | FrameError]:
+        """Frames (dicts) and framing errors received since the last call."""
+        events, self._events = self._events, []
+        return events
+
+    def send(self, frame: dict[str, Any]) -> None:
+        """Queue one frame for sending."""
+        self._out += encode_frame(frame)
+
+    def data_to_send(self) -> bytes:
+        """Bytes queued for the peer since the last call."""
+        out = bytes(self._out)
+        self._out.clear()
+        return out
+
+    def take_buffered(self) -> bytes:
+        """Bytes received after the last complete frame (used when a tunnel takes over)."""
+        rest = bytes(self._buffer)
+        self._buffer.clear()
+        return rest
+
+    def _break(self, message: str) -> None:
+        self.broken = True
+        self._buffer.clear()
+        self._events.append(FrameError(ErrorCode.INVALID_REQUEST, message, fatal=True))
+
+    def _parse(self, line: bytes) -> None:
+        if not line.strip():
+            return
+        try:
+            frame = json.loads(line)
+        except (ValueError, RecursionError) as exc:
+            self._events.append(FrameError(ErrorCode.PARSE_ERROR, f"invalid JSON: {exc}"))
+            return
+        if not isinstance(frame, dict):
+            self._events.append(FrameError(ErrorCode.INVALID_REQUEST, "a frame must be a JSON object"))
+            return
+        self._events.append(frame)
+
+
+def encode_frame(frame: dict[str, Any]) -> bytes:
+    """One compact JSON line terminated by ``\\n``."""
+    return json.dumps(frame, separators=(",", ":"), ensure_ascii=False, default=str).encode() + b"\n"
