@@ -130,6 +130,7 @@ class TunnelOpenParams(_Params):
     """``tunnel.open`` (first frame only): turn this connection into a byte pipe."""
 
     capability: str
+    token: str | None = None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -192,10 +193,17 @@ class LineProtocol:
     :meth:`events_received`, queue frames with :meth:`send` and pull bytes with
     :meth:`data_to_send`. A line longer than ``max_line_bytes`` yields a fatal
     :class:`FrameError` and everything after it is ignored.
+
+    ``frame_limit`` stops parsing after that many lines became events: every later byte stays
+    raw in the buffer (complete lines included) until :meth:`take_buffered` or
+    :meth:`lift_frame_limit`. A connection that may switch to a byte pipe after its first frame
+    (``tunnel.open``) uses ``frame_limit=1`` so no tunnelled byte is ever parsed as a frame.
     """
 
-    def __init__(self, max_line_bytes: int = DEFAULT_MAX_LINE_BYTES) -> None:
+    def __init__(self, max_line_bytes: int = DEFAULT_MAX_LINE_BYTES, *, frame_limit: int | None = None) -> None:
         self.max_line_bytes = max_line_bytes
+        self.frame_limit = frame_limit
+        self._lines_parsed = 0
         self._buffer = bytearray()
         self._events: list[dict[str, Any] | FrameError] = []
         self._out = bytearray()
@@ -207,7 +215,7 @@ class LineProtocol:
         if self.broken or self.eof:
             return
         self._buffer += data
-        while not self.broken:
+        while not self.broken and not self._holding():
             newline = self._buffer.find(b"\n")
             if newline < 0:
                 if len(self._buffer) > self.max_line_bytes:
@@ -224,7 +232,7 @@ class LineProtocol:
         """The peer closed its side; a trailing unterminated line is parsed as a frame."""
         if self.broken or self.eof:
             return
-        if self._buffer.strip():
+        if self._buffer.strip() and not self._holding():
             line = bytes(self._buffer)
             self._buffer.clear()
             self._parse(line)
@@ -246,10 +254,21 @@ class LineProtocol:
         return out
 
     def take_buffered(self) -> bytes:
-        """Bytes received after the last complete frame (used when a tunnel takes over)."""
+        """Every byte received but not parsed (used when a tunnel takes over the connection)."""
         rest = bytes(self._buffer)
         self._buffer.clear()
         return rest
+
+    def lift_frame_limit(self) -> None:
+        """Resume parsing without a limit (the connection stays a frame stream)."""
+        self.frame_limit = None
+        pending = bytes(self._buffer)
+        self._buffer.clear()
+        if pending:
+            self.receive_data(pending)
+
+    def _holding(self) -> bool:
+        return self.frame_limit is not None and self._lines_parsed >= self.frame_limit
 
     def _break(self, message: str) -> None:
         self.broken = True
@@ -259,6 +278,7 @@ class LineProtocol:
     def _parse(self, line: bytes) -> None:
         if not line.strip():
             return
+        self._lines_parsed += 1
         try:
             frame = json.loads(line)
         except (ValueError, RecursionError) as exc:

@@ -1,0 +1,216 @@
+"""The ``rollouts`` command (typer). This module only parses arguments and prints results.
+
+Commands here: ``rollouts serve ENV.py`` and ``rollouts task list|start|grade`` for checking an
+environment by hand against a running server. More commands are added by registering them on
+:data:`app` (or a sub-typer like :data:`task_app`) and wrapping their body in
+:func:`cli_errors`, so every bad input ends as one line on stderr with exit code 2 and never as a
+traceback.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import sys
+from collections.abc import Iterator
+from typing import Annotated, Any, NoReturn
+
+import typer
+from typer.exceptions import TyperException
+
+from .errors import ConfigError, DurableRolloutsError, ProtocolError, ReadyTimeoutError
+from .protocol import ErrorCode
+
+__all__ = ["URL_ENV_VAR", "app", "cli_errors", "fail", "main", "task_app"]
+
+URL_ENV_VAR = "ROLLOUTS_URL"
+
+app = typer.Typer(
+    name="rollouts",
+    help="Durable agent rollouts against RL environments.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+task_app = typer.Typer(
+    help="Start and grade single tasks by hand against a running env server.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+)
+app.add_typer(task_app, name="task")
+
+# Protocol errors that mean "the user asked for something wrong" rather than "it broke".
+_USER_ERROR_CODES = {ErrorCode.INVALID_PARAMS, ErrorCode.INVALID_REQUEST, ErrorCode.UNAUTHORIZED}
+
+
+def fail(message: str, code: int = 2) -> NoReturn:
+    """Print one ``error:`` line on stderr and exit with ``code``."""
+    typer.echo(f"error: {message}", err=True)
+    raise typer.Exit(code)
+
+
+@contextlib.contextmanager
+def cli_errors() -> Iterator[None]:
+    """Turn package errors into one stderr line: user mistakes exit 2, failures exit 1."""
+    try:
+        yield
+    except ConfigError as exc:
+        fail(str(exc), 2)
+    except ProtocolError as exc:
+        fail(exc.message, 2 if exc.code in _USER_ERROR_CODES else 1)
+    except ReadyTimeoutError as exc:
+        fail(f"no env server answered: {exc}", 1)
+    except DurableRolloutsError as exc:
+        fail(str(exc), 1)
+    except OSError as exc:
+        fail(f"{type(exc).__name__}: {exc}", 1)
+
+
+def _server_url(url: str | None, source: str | None = None) -> str:
+    resolved = url or os.environ.get(URL_ENV_VAR)
+    if not resolved:
+        hint = f"start one with `rollouts serve {source}` and " if source else ""
+        fail(f"no env server given: {hint}pass --url tcp://HOST:PORT or set {URL_ENV_VAR}")
+    if not resolved.startswith("tcp://"):
+        fail(f"expected a tcp://HOST:PORT url, got {resolved!r}")
+    return resolved
+
+
+def _parse_args_json(raw: str) -> dict[str, Any]:
+    try:
+        value = json.loads(raw)
+    except ValueError as exc:
+        fail(f"--args is not valid JSON: {exc}")
+    if not isinstance(value, dict):
+        fail(f"--args must be a JSON object, got {type(value).__name__}")
+    return value
+
+
+UrlOption = Annotated[
+    str | None, typer.Option("--url", help=f"control channel url (default: ${URL_ENV_VAR})")
+]
+TimeoutOption = Annotated[float, typer.Option("--ready-timeout", help="seconds to wait for the server")]
+
+
+# -- serve ----------------------------------------------------------------------------------------
+
+
+@app.command()
+def serve(
+    target: Annotated[str, typer.Argument(help="env.py path, module or module:attr")],
+    env: Annotated[str | None, typer.Option("--env", help="environment name when the file has several")] = None,
+    host: Annotated[str, typer.Option(help="address to bind (non-loopback needs ROLLOUTS_ENV_TOKEN)")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="port to bind (0 = any free port)")] = 0,
+) -> None:
+    """Serve an environment on one TCP port until Ctrl-C / SIGTERM."""
+    from .envserver.entry import run_serve
+
+    raise typer.Exit(run_serve(target, env_name=env, host=host, port=port))
+
+
+# -- task list | start | grade --------------------------------------------------------------------
+
+
+async def _list(url: str, timeout: float) -> list[dict[str, Any]]:
+    from .sdk.client import connect
+
+    async with await connect(url, ready_timeout=timeout, keepalive_s=None) as client:
+        return await client.list_tasks()
+
+
+@task_app.command("list")
+def task_list(
+    url: UrlOption = None,
+    as_json: Annotated[bool, typer.Option("--json", help="print the full tasks.list entries")] = False,
+    ready_timeout: TimeoutOption = 5.0,
+) -> None:
+    """List the tasks a running env server offers."""
+    with cli_errors():
+        tasks = asyncio.run(_list(_server_url(url), ready_timeout))
+    if as_json:
+        typer.echo(json.dumps(tasks, indent=2))
+        return
+    for entry in tasks:
+        names = ", ".join(entry.get("args", {}).get("properties", {}))
+        typer.echo(f"{entry['id']}({names})  {entry.get('description', '')}".rstrip())
+
+
+async def _start(url: str, task: str, args: dict[str, Any], timeout: float) -> tuple[str | None, dict[str, Any]]:
+    from .sdk.client import connect
+
+    client = await connect(url, ready_timeout=timeout, keepalive_s=None)
+    try:
+        prompt = await client.start_task(task, args)
+        return client.session_id, prompt
+    finally:
+        await client.close()  # no bye: the task stays parked for `task grade`
+
+
+@task_app.command("start")
+def task_start(
+    task: Annotated[str, typer.Argument(help="task template id")],
+    args: Annotated[str, typer.Option("--args", help="task arguments as a JSON object")] = "{}",
+    url: UrlOption = None,
+    source: Annotated[str | None, typer.Option("--source", help="the env.py the server runs (for hints)")] = None,
+    ready_timeout: TimeoutOption = 5.0,
+) -> None:
+    """Start TASK and print its prompt; the task stays parked on the server for `task grade`."""
+    parsed = _parse_args_json(args)
+    server = _server_url(url, source)
+    with cli_errors():
+        session_id, prompt = asyncio.run(_start(server, task, parsed, ready_timeout))
+    text = prompt.get("prompt")
+    typer.echo(text if isinstance(text, str) and len(prompt) == 1 else json.dumps(prompt, indent=2))
+    typer.echo(f"session {session_id} parked; grade it with: rollouts task grade {task} --answer ...", err=True)
+
+
+async def _grade(url: str, task: str, answer: str, session: str | None, timeout: float) -> dict[str, Any]:
+    from .sdk.client import connect
+
+    client = await connect(url, ready_timeout=timeout, session_id=session, keepalive_s=None)
+    try:
+        known = {entry["id"] for entry in await client.list_tasks()}
+        if task not in known:
+            raise ConfigError(f"unknown task {task!r} (known: {', '.join(sorted(known))})")
+        result = await client.grade(answer)
+        await client.bye()  # graded: this session is done
+        return result
+    finally:
+        await client.close()
+
+
+@task_app.command("grade")
+def task_grade(
+    task: Annotated[str, typer.Argument(help="task template id (as given to `task start`)")],
+    answer: Annotated[str, typer.Option("--answer", help="the answer to grade")],
+    url: UrlOption = None,
+    session: Annotated[str | None, typer.Option("--session", help="resume this parked session")] = None,
+    ready_timeout: TimeoutOption = 5.0,
+) -> None:
+    """Grade the parked task (the lone one, or --session's) with ANSWER and print the score."""
+    server = _server_url(url)
+    with cli_errors():
+        result = asyncio.run(_grade(server, task, answer, session, ready_timeout))
+    typer.echo(json.dumps(result))
+
+
+# -- entry point ----------------------------------------------------------------------------------
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Console-script entry: usage errors become one ``error:`` line with exit code 2."""
+    try:
+        code = app(args=argv, prog_name="rollouts", standalone_mode=False)
+    except (typer.Abort, KeyboardInterrupt):
+        typer.echo("aborted", err=True)
+        sys.exit(130)
+    except typer.Exit as exc:
+        sys.exit(exc.exit_code)
+    except TyperException as exc:  # usage errors: missing/bad option, unknown command
+        message = exc.format_message() if hasattr(exc, "format_message") else str(exc)
+        if message.strip():  # empty when the help text was already shown (no arguments)
+            typer.echo(f"error: {message}", err=True)
+        sys.exit(getattr(exc, "exit_code", 2))
+    sys.exit(code if isinstance(code, int) else 0)

@@ -1,0 +1,133 @@
+"""Control-channel sessions: live, parked (with a TTL) and closed.
+
+A :class:`Session` is bound to at most one connection. When that connection drops the session is
+*parked*: its task (if any) stays suspended until a client resumes it with ``hello{session_id}``,
+adopts its task with a plain ``tasks.grade``, or the park TTL expires and the task's teardown
+runs. :class:`SessionTable` owns every session and enforces the legal transitions.
+
+No sockets here; imports only ``runner.py`` and the shared errors module.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+from enum import Enum
+
+from ..errors import InvalidStateError
+from .runner import TaskRunner
+
+__all__ = ["Session", "SessionState", "SessionTable"]
+
+log = logging.getLogger(__name__)
+
+
+class SessionState(Enum):
+    LIVE = "live"
+    PARKED = "parked"
+    CLOSED = "closed"
+
+
+_ALLOWED: dict[SessionState, set[SessionState]] = {
+    SessionState.LIVE: {SessionState.PARKED, SessionState.CLOSED},
+    SessionState.PARKED: {SessionState.LIVE, SessionState.CLOSED},
+    SessionState.CLOSED: set(),
+}
+
+
+class Session:
+    """One client session and its (optional) task runner."""
+
+    def __init__(self, id: str) -> None:
+        self.id = id
+        self.state = SessionState.LIVE
+        self.runner: TaskRunner | None = None
+        self._expiry: asyncio.Task[None] | None = None
+
+    def transition(self, new: SessionState) -> None:
+        """Move to ``new``; raises ``InvalidStateError`` for an illegal transition."""
+        if new not in _ALLOWED[self.state]:
+            raise InvalidStateError(f"session {self.id}: cannot go from {self.state.value} to {new.value}")
+        self.state = new
+
+    async def replace_runner(self, runner: TaskRunner | None) -> None:
+        """Install a new runner, closing (tearing down) the previous one."""
+        old, self.runner = self.runner, runner
+        if old is not None:
+            await old.close()
+
+
+class SessionTable:
+    """Every session of one server, with parking and TTL expiry.
+
+    Args:
+        park_ttl_s: how long a parked session lives before its teardown runs.
+    """
+
+    def __init__(self, park_ttl_s: float = 3600.0) -> None:
+        self.park_ttl_s = park_ttl_s
+        self._sessions: dict[str, Session] = {}
+
+    def __contains__(self, session_id: str) -> bool:
+        return session_id in self._sessions
+
+    def get(self, session_id: str) -> Session | None:
+        return self._sessions.get(session_id)
+
+    def create(self) -> Session:
+        """A new live session with a fresh id."""
+        while True:
+            sid = f"sess-{secrets.token_hex(8)}"
+            if sid not in self._sessions:
+                break
+        session = Session(sid)
+        self._sessions[sid] = session
+        return session
+
+    def park(self, session: Session) -> None:
+        """The connection dropped: keep the session until resumed or expired."""
+        if session.state is not SessionState.LIVE:
+            return
+        session.transition(SessionState.PARKED)
+        session._expiry = asyncio.create_task(self._expire_later(session))
+
+    def resume(self, session: Session) -> None:
+        """Bind a parked session to a new connection (stops its TTL clock)."""
+        session.transition(SessionState.LIVE)
+        if session._expiry is not None:
+            session._expiry.cancel()
+            session._expiry = None
+
+    def parked_with_task(self) -> list[Session]:
+        """Parked sessions that hold a task not yet graded (candidates for adoption)."""
+        return [
+            s
+            for s in self._sessions.values()
+            if s.state is SessionState.PARKED and s.runner is not None and not s.runner.graded
+        ]
+
+    async def close(self, session: Session) -> None:
+        """Forget the session and tear its task down."""
+        if session.state is SessionState.CLOSED:
+            return
+        session.transition(SessionState.CLOSED)
+        self._sessions.pop(session.id, None)
+        if session._expiry is not None and session._expiry is not asyncio.current_task():
+            session._expiry.cancel()
+        session._expiry = None
+        await session.replace_runner(None)
+
+    async def close_all(self) -> None:
+        """Close every session (server shutdown)."""
+        for session in list(self._sessions.values()):
+            try:
+                await self.close(session)
+            except Exception:
+                log.exception("closing session %s failed", session.id)
+
+    async def _expire_later(self, session: Session) -> None:
+        await asyncio.sleep(self.park_ttl_s)
+        if session.state is SessionState.PARKED:
+            log.info("parked session %s expired after %.1f s", session.id, self.park_ttl_s)
+            await self.close(session)

@@ -1,0 +1,109 @@
+"""Server side of ``tunnel.open``: turn a fresh connection into a byte pipe to a capability.
+
+When the first frame of a connection is ``tunnel.open {capability}``, the server dials the
+capability's host:port, replies once with ``{"capability": name}`` and from then on copies raw
+bytes both ways, so a substrate needs only one published port. An unknown capability (or one that
+cannot be dialled) gets one error frame and the connection closes.
+
+Imports the shared protocol module and ``environment.py``; nothing from ``sdk``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+from typing import Any
+from urllib.parse import urlsplit
+
+from pydantic import ValidationError
+
+from ..protocol import ErrorCode, LineProtocol, TunnelOpenParams, error_frame, result_frame
+from .environment import Environment
+
+__all__ = ["capability_address", "pipe", "serve_tunnel"]
+
+_DEFAULT_PORTS = {"ssh": 22, "http": 80, "ws": 80, "https": 443, "wss": 443, "rfb": 5900}
+
+
+def capability_address(url: str) -> tuple[str, int]:
+    """``(host, port)`` to dial for a capability url; raises ``ValueError`` when unknown."""
+    parts = urlsplit(url)
+    host = parts.hostname
+    port = parts.port or _DEFAULT_PORTS.get(parts.scheme)
+    if not host or not port:
+        raise ValueError(f"cannot tell host and port of capability url {url!r}")
+    return host, port
+
+
+async def _copy(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
+    while data := await src.read(65536):
+        dst.write(data)
+        await dst.drain()
+    if dst.can_write_eof():
+        with contextlib.suppress(OSError, RuntimeError):
+            dst.write_eof()
+
+
+async def pipe(
+    a: tuple[asyncio.StreamReader, asyncio.StreamWriter],
+    b: tuple[asyncio.StreamReader, asyncio.StreamWriter],
+) -> None:
+    """Copy bytes both ways (half-closing on EOF) until both directions end or one breaks."""
+    tasks = [asyncio.create_task(_copy(a[0], b[1])), asyncio.create_task(_copy(b[0], a[1]))]
+    try:
+        done, pending = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        for _, writer in (a, b):
+            writer.close()
+
+
+async def serve_tunnel(
+    env: Environment,
+    token: str | None,
+    frame: dict[str, Any],
+    proto: LineProtocol,
+    reader: asyncio.StreamReader,
+    writer: asyncio.StreamWriter,
+) -> None:
+    """Handle a connection whose first frame is ``tunnel.open`` (see module docstring)."""
+    request_id = frame.get("id")
+
+    async def fail(code: int, message: str) -> None:
+        proto.send(error_frame(request_id, code, message))
+        writer.write(proto.data_to_send())
+        with contextlib.suppress(OSError):
+            await writer.drain()
+
+    params_in = frame.get("params") or {}
+    try:
+        params = TunnelOpenParams.model_validate(params_in)
+    except ValidationError as exc:
+        await fail(ErrorCode.INVALID_PARAMS, f"bad tunnel.open params: {exc.errors()[0]['msg']}")
+        return
+    if token is not None and not hmac.compare_digest((params.token or "").encode(), token.encode()):
+        await fail(ErrorCode.UNAUTHORIZED, "unauthorized: missing or wrong token")
+        return
+    try:
+        capability = env.capability(params.capability)
+        host, port = capability_address(capability.url)
+    except KeyError:
+        await fail(ErrorCode.INVALID_PARAMS, f"unknown capability {params.capability!r}")
+        return
+    except ValueError as exc:
+        await fail(ErrorCode.INVALID_PARAMS, str(exc))
+        return
+    try:
+        upstream = await asyncio.open_connection(host, port)
+    except OSError as exc:
+        await fail(ErrorCode.INTERNAL_ERROR, f"capability {params.capability!r} unreachable: {exc}")
+        return
+    proto.send(result_frame(request_id, {"capability": capability.name}))
+    writer.write(proto.data_to_send())
+    leftover = proto.take_buffered()
+    if leftover:
+        upstream[1].write(leftover)
+    await pipe((reader, writer), upstream)

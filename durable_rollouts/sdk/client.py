@@ -1,0 +1,360 @@
+"""Control-channel client: ``connect(url)`` -> :class:`EnvClient`.
+
+Calls are serialized by a lock and framed by the shared sans-I/O
+:class:`~durable_rollouts.protocol.LineProtocol`; error frames become ``ProtocolError``
+subclasses at once. ``connect`` retries until the server answers ``hello`` (refused, EOF,
+accepted-then-closed and other ``OSError`` mean "not ready yet"). For every binding the client
+opens a loopback forwarder that tunnels through ``tunnel.open``, so ``binding(name)`` returns a
+url reachable from here. ``close()`` does not send ``bye``: the session parks on the server.
+
+Imports only the shared protocol/errors modules; never ``envserver``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from types import TracebackType
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+from ..errors import (
+    ConfigError,
+    ConnectionLostError,
+    ProtocolError,
+    ReadyTimeoutError,
+)
+from ..protocol import (
+    PROTOCOL_VERSION,
+    EnvInfo,
+    ErrorCode,
+    FrameError,
+    LineProtocol,
+    Method,
+    error_from_frame,
+    request_frame,
+)
+
+__all__ = ["EnvClient", "connect", "parse_url"]
+
+log = logging.getLogger(__name__)
+
+
+def parse_url(url: str) -> tuple[str, int]:
+    """``tcp://host:port`` -> ``(host, port)``; raises ``ConfigError`` for anything else."""
+    parts = urlsplit(url)
+    if parts.scheme != "tcp" or not parts.hostname or not parts.port:
+        raise ConfigError(f"expected a tcp://host:port url, got {url!r}")
+    return parts.hostname, parts.port
+
+
+class _Stream:
+    """One framed connection: send a frame, read the next frame."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.reader = reader
+        self.writer = writer
+        self.proto = LineProtocol()
+        self._events: list[dict[str, Any] | FrameError] = []
+
+    @classmethod
+    async def open(cls, host: str, port: int) -> _Stream:
+        reader, writer = await asyncio.open_connection(host, port)
+        return cls(reader, writer)
+
+    async def send(self, frame: dict[str, Any]) -> None:
+        self.proto.send(frame)
+        self.writer.write(self.proto.data_to_send())
+        await self.writer.drain()
+
+    async def receive(self) -> dict[str, Any]:
+        while not self._events:
+            if self.proto.eof or self.proto.broken:
+                raise ConnectionLostError("the control channel closed")
+            data = await self.reader.read(65536)
+            if data:
+                self.proto.receive_data(data)
+            else:
+                self.proto.receive_eof()
+            self._events.extend(self.proto.events_received())
+        event = self._events.pop(0)
+        if isinstance(event, FrameError):
+            raise ProtocolError(ErrorCode.INTERNAL_ERROR, f"bad frame from server: {event.message}")
+        return event
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+class EnvClient:
+    """A connected control-channel session (build it with :func:`connect`)."""
+
+    def __init__(self, url: str, stream: _Stream, *, token: str | None = None) -> None:
+        self.url = url
+        self.host, self.port = parse_url(url)
+        self.token = token
+        self.session_id: str | None = None
+        self.env: EnvInfo | None = None
+        self.bindings: list[dict[str, Any]] = []
+        self._stream: _Stream | None = stream
+        self._lock = asyncio.Lock()
+        self._next_id = 0
+        self._forwarders: dict[str, tuple[asyncio.Server, dict[str, Any]]] = {}
+        self._keepalive: asyncio.Task[None] | None = None
+        self._tunnels: set[asyncio.Task[Any]] = set()
+
+    # -- calls ---------------------------------------------------------------------------------
+
+    async def _call(self, method: Method, params: dict[str, Any] | None = None) -> dict[str, Any]:
+        async with self._lock:
+            stream = self._stream
+            if stream is None:
+                raise ConnectionLostError("the client is closed")
+            self._next_id += 1
+            request_id = self._next_id
+            try:
+                await stream.send(request_frame(request_id, method.value, params))
+                reply = await stream.receive()
+            except (OSError, ConnectionError) as exc:
+                self._drop()
+                if isinstance(exc, ConnectionLostError):
+                    raise
+                raise ConnectionLostError(f"control channel lost during {method.value}: {exc}") from exc
+            except BaseException:
+                self._drop()  # a cancelled call leaves the stream mid-frame: unusable
+                raise
+            if reply.get("id") != request_id:
+                self._drop()
+                raise ProtocolError(ErrorCode.INTERNAL_ERROR, f"reply id {reply.get('id')!r} != request id {request_id}")
+            if "error" in reply:
+                raise error_from_frame(reply["error"])
+            result = reply.get("result")
+            if not isinstance(result, dict):
+                self._drop()
+                raise ProtocolError(ErrorCode.INTERNAL_ERROR, f"non-object result: {result!r}")
+            return result
+
+    async def hello(self, session_id: str | None = None) -> dict[str, Any]:
+        """Open (or resume, with ``session_id``) a session; starts binding forwarders."""
+        params: dict[str, Any] = {"protocol": PROTOCOL_VERSION}
+        if session_id is not None:
+            params["session_id"] = session_id
+        if self.token is not None:
+            params["token"] = self.token
+        result = await self._call(Method.HELLO, params)
+        if result.get("protocol") != PROTOCOL_VERSION:
+            self._drop()
+            raise ProtocolError(ErrorCode.INTERNAL_ERROR, f"server speaks protocol {result.get('protocol')!r}")
+        self.session_id = result["session_id"]
+        self.env = EnvInfo.model_validate(result["env"])
+        self.bindings = list(result.get("bindings") or [])
+        await self._start_forwarders()
+        return result
+
+    async def list_tasks(self) -> list[dict[str, Any]]:
+        """The ``tasks.list`` entries."""
+        return list((await self._call(Method.TASKS_LIST))["tasks"])
+
+    async def start_task(self, id: str, args: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Start task ``id``; returns the prompt frame."""
+        return await self._call(Method.TASKS_START, {"id": id, "args": args or {}})
+
+    async def grade(self, answer: Any, **extra: Any) -> dict[str, Any]:
+        """Grade the session's task (or adopt the lone parked one); returns the score frame."""
+        return await self._call(Method.TASKS_GRADE, {"answer": answer, **extra})
+
+    async def cancel(self) -> dict[str, Any]:
+        """Cancel the session's task (its teardown runs)."""
+        return await self._call(Method.TASKS_CANCEL)
+
+    async def bye(self) -> None:
+        """End the session for good, then close."""
+        try:
+            await self._call(Method.BYE)
+        finally:
+            await self.close()
+
+    # -- bindings and forwarders ---------------------------------------------------------------
+
+    def binding(self, name: str) -> dict[str, Any]:
+        """The binding matching ``name`` (by name, protocol or protocol family), url rewritten
+        to this client's loopback forwarder.
+
+        Raises:
+            KeyError: nothing matches.
+            ConfigError: several bindings match.
+        """
+        matches = [
+            b for b in self.bindings
+            if name in (b.get("name"), b.get("protocol"), str(b.get("protocol", "")).split("/")[0])
+        ]
+        if not matches:
+            raise KeyError(f"no binding {name!r} (have: {[b.get('name') for b in self.bindings]})")
+        if len(matches) > 1:
+            raise ConfigError(f"binding {name!r} is ambiguous: {[b.get('name') for b in matches]}")
+        found = matches[0]
+        forwarder = self._forwarders.get(found["name"])
+        return dict(forwarder[1]) if forwarder else dict(found)
+
+    async def _start_forwarders(self) -> None:
+        for binding in self.bindings:
+            name = binding.get("name")
+            if not name or name in self._forwarders or not binding.get("url"):
+                continue
+            server = await asyncio.start_server(
+                lambda r, w, cap=name: self._forward(cap, r, w), "127.0.0.1", 0
+            )
+            local_port = server.sockets[0].getsockname()[1]
+            self._forwarders[name] = (server, {**binding, "url": _rewrite(binding["url"], local_port)})
+
+    async def _forward(self, capability: str, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        if task is not None:
+            self._tunnels.add(task)
+        stream: _Stream | None = None
+        try:
+            stream = await _Stream.open(self.host, self.port)
+            stream.proto.frame_limit = 1  # bytes after the reply belong to the capability
+            params: dict[str, Any] = {"capability": capability}
+            if self.token is not None:
+                params["token"] = self.token
+            await stream.send(request_frame(1, Method.TUNNEL_OPEN.value, params))
+            reply = await stream.receive()
+            if "error" in reply:
+                raise error_from_frame(reply["error"])
+            leftover = stream.proto.take_buffered()
+            if leftover:
+                writer.write(leftover)
+            await _pipe((reader, writer), (stream.reader, stream.writer))
+        except Exception as exc:  # a failed tunnel only closes this forwarded connection
+            log.warning("tunnel to %r failed: %s", capability, exc)
+        except asyncio.CancelledError:
+            pass  # the client closed; asyncio's stream callback must not see a cancelled task
+        finally:
+            if stream is not None:
+                stream.close()
+            writer.close()
+            self._tunnels.discard(task)  # type: ignore[arg-type]
+
+    # -- keepalive and closing -----------------------------------------------------------------
+
+    def start_keepalive(self, interval_s: float) -> None:
+        """Re-send ``hello{own id}`` every ``interval_s`` until closed or an error occurs."""
+        if self._keepalive is None:
+            self._keepalive = asyncio.create_task(self._keepalive_loop(interval_s))
+
+    async def _keepalive_loop(self, interval_s: float) -> None:
+        while self._stream is not None:
+            await asyncio.sleep(interval_s)
+            if self._lock.locked():
+                continue  # a call is in flight: the connection is evidently alive
+            try:
+                await asyncio.wait_for(self.hello(self.session_id), timeout=max(5.0, interval_s))
+            except Exception as exc:
+                log.warning("keepalive stopped: %s", exc)
+                return
+
+    def _drop(self) -> None:
+        stream, self._stream = self._stream, None
+        if stream is not None:
+            stream.close()
+
+    async def close(self) -> None:
+        """Close the connection without ``bye`` (the session parks) and stop the forwarders."""
+        if self._keepalive is not None and self._keepalive is not asyncio.current_task():
+            self._keepalive.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._keepalive
+        self._keepalive = None
+        self._drop()
+        for server, _ in self._forwarders.values():
+            server.close()
+        self._forwarders.clear()
+        tunnels, self._tunnels = list(self._tunnels), set()
+        for task in tunnels:
+            task.cancel()
+        await asyncio.gather(*tunnels, return_exceptions=True)
+
+    async def __aenter__(self) -> EnvClient:
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.close()
+
+
+def _rewrite(url: str, port: int) -> str:
+    parts = urlsplit(url)
+    user = f"{parts.username}@" if parts.username else ""
+    return urlunsplit((parts.scheme, f"{user}127.0.0.1:{port}", parts.path, parts.query, parts.fragment))
+
+
+async def _copy(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
+    while data := await src.read(65536):
+        dst.write(data)
+        await dst.drain()
+    if dst.can_write_eof():
+        with contextlib.suppress(OSError, RuntimeError):
+            dst.write_eof()
+
+
+async def _pipe(
+    a: tuple[asyncio.StreamReader, asyncio.StreamWriter], b: tuple[asyncio.StreamReader, asyncio.StreamWriter]
+) -> None:
+    tasks = [asyncio.create_task(_copy(a[0], b[1])), asyncio.create_task(_copy(b[0], a[1]))]
+    try:
+        await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        a[1].close()
+        b[1].close()
+
+
+async def connect(
+    url: str,
+    *,
+    ready_timeout: float = 60.0,
+    session_id: str | None = None,
+    token: str | None = None,
+    keepalive_s: float | None = 60.0,
+) -> EnvClient:
+    """Connect and say ``hello`` (resuming ``session_id`` if given), retrying until ready.
+
+    Raises:
+        ReadyTimeoutError: no ``hello`` reply within ``ready_timeout`` seconds.
+        ProtocolError: the server answered ``hello`` with an error (unknown session, bad token...).
+        ConfigError: ``url`` is not ``tcp://host:port``.
+    """
+    host, port = parse_url(url)
+    deadline = time.monotonic() + ready_timeout
+    delay = 0.1
+    last: BaseException | None = None
+    while True:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise ReadyTimeoutError(f"{url} not ready after {ready_timeout:.1f} s (last error: {last})")
+        client: EnvClient | None = None
+        try:
+            stream = await asyncio.wait_for(_Stream.open(host, port), timeout=remaining)
+            client = EnvClient(url, stream, token=token)
+            await asyncio.wait_for(client.hello(session_id), timeout=max(0.05, deadline - time.monotonic()))
+        except ProtocolError:
+            if client is not None:
+                await client.close()
+            raise
+        except (OSError, ConnectionError, asyncio.TimeoutError) as exc:
+            last = exc
+            if client is not None:
+                await client.close()
+        else:
+            assert client is not None
+            if keepalive_s:
+                client.start_keepalive(keepalive_s)
+            return client
+        await asyncio.sleep(min(delay, max(0.0, deadline - time.monotonic())))
+        delay = min(delay * 2, 0.5)
