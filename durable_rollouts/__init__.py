@@ -1,1 +1,78 @@
-"""durable_rollouts: agent rollouts against RL environments, made durable by Temporal."""
+"""durable_rollouts: agent rollouts against RL environments, made durable by Temporal.
+
+The public names below load lazily on first use, so ``import durable_rollouts`` has no side
+effects and imports neither Temporal nor the environment server (workflows import
+``durable_rollouts.models`` inside Temporal's sandbox, which imports this package first).
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .envserver import Answer, Capability, Environment
+    from .models import Grade, RuntimeConfig, Step, Task, Trace
+    from .sdk.agents import Agent
+    from .sdk.job import Job
+    from .sdk.providers import LocalRuntime, Runtime, SubprocessRuntime
+    from .sdk.providers.docker import DockerRuntime
+    from .sdk.providers.modal import ModalRuntime
+    from .sdk.providers.ssh import SSHRuntime
+    from .sdk.run import Run
+    from .sdk.taskset import Taskset
+
+__all__ = [
+    "Agent",
+    "Answer",
+    "Capability",
+    "DockerRuntime",
+    "Environment",
+    "Grade",
+    "Job",
+    "LocalRuntime",
+    "ModalRuntime",
+    "Run",
+    "Runtime",
+    "RuntimeConfig",
+    "SSHRuntime",
+    "Step",
+    "SubprocessRuntime",
+    "Task",
+    "Taskset",
+    "Trace",
+]
+
+_WHERE = {
+    "Agent": "durable_rollouts.sdk.agents",
+    "Answer": "durable_rollouts.envserver",
+    "Capability": "durable_rollouts.envserver",
+    "DockerRuntime": "durable_rollouts.sdk.providers.docker",
+    "Environment": "durable_rollouts.envserver",
+    "Grade": "durable_rollouts.models",
+    "Job": "durable_rollouts.sdk.job",
+    "LocalRuntime": "durable_rollouts.sdk.providers",
+    "ModalRuntime": "durable_rollouts.sdk.providers.modal",
+    "Run": "durable_rollouts.sdk.run",
+    "Runtime": "durable_rollouts.sdk.providers",
+    "RuntimeConfig": "durable_rollouts.models",
+    "SSHRuntime": "durable_rollouts.sdk.providers.ssh",
+    "Step": "durable_rollouts.models",
+    "SubprocessRuntime": "durable_rollouts.sdk.providers",
+    "Task": "durable_rollouts.models",
+    "Taskset": "durable_rollouts.sdk.taskset",
+    "Trace": "durable_rollouts.models",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _WHERE.get(name)
+    if module is None:
+        raise AttributeError(f"module 'durable_rollouts' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

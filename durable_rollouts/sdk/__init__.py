@@ -1,1 +1,16 @@
-"""Placeholder; filled by a later change."""
+"""User side: tasksets, jobs, runs, agents, providers, the rollout steps and the direct executor.
+
+Builds on ``envserver`` (for local serving) and the shared ``models``/``protocol``/``errors``;
+never imported by ``envserver`` or by workflows. Importing this package loads no Temporal code
+(``orchestrate`` and ``temporal`` are imported on use).
+"""
+
+from __future__ import annotations
+
+from .agents import Agent, load_agent
+from .job import GroupStats, Job
+from .run import Run
+from .taskset import Taskset
+from .tracestore import TraceStore
+
+__all__ = ["Agent", "GroupStats", "Job", "Run", "Taskset", "TraceStore", "load_agent"]

@@ -1,0 +1,188 @@
+"""Agents: the ``Agent`` base class, the built-in test agents, and loading agents from specs.
+
+An agent reaches a worker as data (``AgentSpec``: ``module:QualName`` or a built-in short name,
+plus its pydantic config) and is rebuilt there by :func:`load_agent`. Imports models, errors and
+run only; never envserver, providers or Temporal.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import sys
+from abc import ABC, abstractmethod
+from typing import TYPE_CHECKING, ClassVar
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from ..errors import ConfigError
+from ..models import AgentSpec
+
+if TYPE_CHECKING:
+    from .run import Run
+
+__all__ = [
+    "Agent",
+    "BUILTIN_AGENTS",
+    "FailAgent",
+    "FixedAgent",
+    "SleepAgent",
+    "TableAgent",
+    "check_remote",
+    "load_agent",
+]
+
+
+class Agent(BaseModel, ABC):
+    """Base class of agents: drive ``run`` and put the final answer in ``run.trace.content``.
+
+    Subclasses are pydantic models: their fields are the config that travels to workers.
+
+    Example::
+
+        class MyAgent(Agent):
+            async def __call__(self, run: Run) -> None:
+                run.trace.content = "3"
+    """
+
+    model_config = ConfigDict(extra="forbid", arbitrary_types_allowed=True)
+
+    short_name: ClassVar[str | None] = None
+    """Set by built-in agents: the name a spec may use instead of an import path."""
+
+    timeout_s: float | None = Field(default=None, gt=0)
+    """Wall-clock limit of one agent step; on expiry the trace stops with ``timeout``."""
+
+    @abstractmethod
+    async def __call__(self, run: Run) -> None:
+        """Work on ``run``; set ``run.trace.content`` to the final answer."""
+
+    def spec(self) -> AgentSpec:
+        """This agent as data: its import path (or short name) plus its config."""
+        cls = type(self)
+        config = self.model_dump(mode="json", exclude_defaults=True)
+        if cls.short_name and BUILTIN_AGENTS.get(cls.short_name) is cls:
+            return AgentSpec(path=cls.short_name, config=config)
+        if "<locals>" in cls.__qualname__:
+            raise ConfigError(
+                f"agent class {cls.__qualname__} is defined inside a function; workers cannot "
+                "import it. Define it at module level."
+            )
+        # A class from __main__ works with the embedded worker (same process); a remote worker
+        # cannot import it and load_agent says so there.
+        return AgentSpec(path=f"{cls.__module__}:{cls.__qualname__}", config=config)
+
+
+class FixedAgent(Agent):
+    """Answers every task with ``answer``."""
+
+    short_name: ClassVar[str | None] = "fixed"
+    answer: str = ""
+
+    async def __call__(self, run: Run) -> None:
+        run.trace.content = self.answer
+
+
+class TableAgent(Agent):
+    """Looks the answer up by task slug, then task id; ``default`` otherwise."""
+
+    short_name: ClassVar[str | None] = "table"
+    answers: dict[str, str] = Field(default_factory=dict)
+    default: str | None = None
+
+    async def __call__(self, run: Run) -> None:
+        keys = [run.slug] + ([run.task.id] if run.task is not None else [])
+        for key in keys:
+            if key in self.answers:
+                run.trace.content = self.answers[key]
+                return
+        run.trace.content = self.default
+
+
+class SleepAgent(Agent):
+    """Sleeps ``seconds`` (cancellable), then answers ``answer``."""
+
+    short_name: ClassVar[str | None] = "sleep"
+    seconds: float = Field(default=1.0, ge=0)
+    answer: str = ""
+
+    async def __call__(self, run: Run) -> None:
+        await asyncio.sleep(self.seconds)
+        run.trace.content = self.answer
+
+
+class FailAgent(Agent):
+    """Raises ``RuntimeError(message)``: for testing error paths."""
+
+    short_name: ClassVar[str | None] = "fail"
+    message: str = "agent failed on purpose"
+
+    async def __call__(self, run: Run) -> None:
+        raise RuntimeError(self.message)
+
+
+BUILTIN_AGENTS: dict[str, type[Agent]] = {
+    "fixed": FixedAgent,
+    "table": TableAgent,
+    "sleep": SleepAgent,
+    "fail": FailAgent,
+}
+
+
+def _resolve_class(path: str) -> type:
+    module_name, sep, qualname = path.partition(":")
+    if not sep or not module_name or not qualname:
+        raise ConfigError(
+            f"agent {path!r} is neither a built-in ({', '.join(sorted(BUILTIN_AGENTS))}) "
+            "nor an import path 'module:Class'"
+        )
+    module = sys.modules.get(module_name)
+    if module is None:
+        if module_name == "__main__":
+            raise ConfigError(f"agent {path!r} lives in __main__, which this process cannot import")
+        try:
+            module = importlib.import_module(module_name)
+        except Exception as exc:  # an ImportError or anything the module raises on import
+            raise ConfigError(f"cannot import agent module {module_name!r}: {exc}") from exc
+    obj: object = module
+    for part in qualname.split("."):
+        try:
+            obj = getattr(obj, part)
+        except AttributeError:
+            hint = (" (a class defined in a script's __main__ cannot reach other processes: "
+                    "move it to an importable module)") if module_name == "__main__" else ""
+            raise ConfigError(f"agent {path!r}: {module_name} has no attribute {qualname!r}{hint}") from None
+    if not isinstance(obj, type):
+        raise ConfigError(f"agent {path!r} is not a class")
+    return obj
+
+
+def check_remote(spec: AgentSpec) -> None:
+    """Raise ConfigError when ``spec`` can only be loaded in the process that made it.
+
+    Call this before sending an agent to workers in other processes: a class defined in a
+    script (``__main__``) is importable only by the embedded worker of that same script.
+    """
+    if spec.path.startswith("__main__:"):
+        raise ConfigError(
+            f"agent class {spec.path.split(':', 1)[1]} is defined in the script being run "
+            "(__main__), so workers in other processes cannot import it; move it to a module "
+            "on their PYTHONPATH (e.g. agents.py) or use the embedded worker"
+        )
+
+
+def load_agent(spec: AgentSpec | str) -> Agent:
+    """Rebuild an agent from its spec (a built-in short name or ``module:Class`` plus config).
+
+    Raises:
+        ConfigError: the path cannot be imported, is not an Agent, or the config is invalid.
+    """
+    if isinstance(spec, str):
+        spec = AgentSpec(path=spec)
+    cls = BUILTIN_AGENTS.get(spec.path) or _resolve_class(spec.path)
+    if not issubclass(cls, Agent):
+        raise ConfigError(f"agent {spec.path!r} is not a durable_rollouts Agent subclass")
+    try:
+        return cls.model_validate(spec.config)
+    except ValidationError as exc:
+        raise ConfigError(f"invalid config for agent {spec.path!r}: {exc}") from exc

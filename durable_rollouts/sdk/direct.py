@@ -1,0 +1,181 @@
+"""The direct executor: run a taskset with plain asyncio in one process, no Temporal.
+
+It runs the same step functions as the durable path, so the two differ only in durability (the
+benchmarks compare them). Failures never escape the batch: each becomes a run with a status, an
+error and the phase it happened in. Imports sdk modules only; never Temporal.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+import uuid
+from typing import TYPE_CHECKING
+
+from ..errors import ConfigError
+from ..models import (
+    AgentInput,
+    AgentSpec,
+    ConnectInput,
+    Endpoint,
+    GradeInput,
+    Session,
+    StartInput,
+    Step,
+    Task,
+    Trace,
+    VerifyInput,
+)
+from . import steps
+from .agents import Agent
+from .job import Job
+from .providers.base import DurableProvider
+from .run import Run
+from .tracestore import TraceStore
+from .validation import validate_batch
+
+if TYPE_CHECKING:
+    from .taskset import Taskset
+
+__all__ = ["run_direct"]
+
+log = logging.getLogger(__name__)
+
+_IN_PROCESS = AgentSpec(path="in-process")  # the direct path hands the agent object over as is
+_BEFORE_LAUNCH = {"resolving", "provisioning", "connecting", "starting task"}
+
+
+async def run_direct(taskset: Taskset, agent: Agent, runtime: DurableProvider, group: int = 1,
+                     max_concurrent: int = 16, rollout_timeout: float | None = None, *,
+                     job: Job | None = None, trace_store: TraceStore | None = None) -> Job:
+    """Run every row ``group`` times, at most ``max_concurrent`` at once, and return the Job.
+
+    Rows expand task-major; a row's repeats share one ``group_id`` and one resolved task
+    (``taskset.resolve_task`` is called once per group).
+
+    Raises:
+        ConfigError: a setting that cannot work (checked before anything starts).
+    """
+    if not isinstance(runtime, DurableProvider):
+        raise ConfigError(f"runtime must be a provider such as LocalRuntime(...), not {type(runtime).__name__}")
+    if not isinstance(agent, Agent):
+        raise ConfigError(f"agent must be a durable_rollouts Agent, not {type(agent).__name__}")
+    validate_batch(taskset, runtime=runtime, group=group, max_concurrent=max_concurrent,
+                   rollout_timeout=rollout_timeout, agent_timeout=agent.timeout_s)
+    job = job if job is not None else Job(name=taskset.name, group=group, taskset=taskset.name)
+    batch = job.batches
+    job.batches += 1
+    store = trace_store or TraceStore()
+    limit = asyncio.Semaphore(max_concurrent)
+    ctx = _Batch(agent, runtime, store, limit, rollout_timeout)
+
+    groups = []
+    for row_index, row in enumerate(taskset):
+        group_id = uuid.uuid4().hex
+        runs = [
+            Run(task=row, slug=row.slug, job_id=job.id, group_id=group_id, group_index=gi,
+                row_index=row_index, rollout_id=rid, trace=Trace(trace_id=rid))
+            for gi in range(group)
+            for rid in [f"{job.id}-{row.slug}-{gi}" + (f"-b{batch}" if batch else "")]
+        ]
+        groups.append(ctx.run_group(taskset, row, runs))
+    for runs in await asyncio.gather(*groups):
+        job.runs.extend(runs)
+    return job
+
+
+class _Batch:
+    def __init__(self, agent: Agent, runtime: DurableProvider, store: TraceStore,
+                 limit: asyncio.Semaphore, rollout_timeout: float | None) -> None:
+        self.agent = agent
+        self.runtime = runtime
+        self.store = store
+        self.limit = limit
+        self.rollout_timeout = rollout_timeout
+
+    async def run_group(self, taskset: Taskset, row: Task, runs: list[Run]) -> list[Run]:
+        try:
+            async with self.limit:
+                task = await taskset.aresolve(row)
+                self.runtime.check_task(task)
+        except Exception as exc:
+            for run in runs:
+                _fail(run, "resolving", exc)
+            return runs
+        for run in runs:
+            run.task = task
+        await asyncio.gather(*(self._limited(run, task) for run in runs))
+        return runs
+
+    async def _limited(self, run: Run, task: Task) -> None:
+        async with self.limit:
+            await self.rollout(run, task)
+
+    async def rollout(self, run: Run, task: Task) -> None:
+        endpoint: Endpoint | None = None
+        session: Session | None = None
+        phase = "provisioning"
+        started = time.time()
+        scope: asyncio.Timeout | None = None
+        try:
+            async with asyncio.timeout(self.rollout_timeout) as scope:
+                endpoint = await self.runtime.acquire(task, run.rollout_id)
+                phase = "connecting"
+                session = await steps.connect(ConnectInput(endpoint=endpoint))
+                run.bindings = list(session.bindings)
+                phase = "starting task"
+                run.prompt = await steps.start(StartInput(endpoint=endpoint, session=session, task=task))
+                phase = "agent loop"
+                run.trace = await steps.execute_agent(self.agent, AgentInput(
+                    endpoint=endpoint, session=session, task=task, prompt=run.prompt,
+                    agent=_IN_PROCESS, rollout_id=run.rollout_id, job_id=run.job_id,
+                    group_id=run.group_id, timeout_s=self.agent.timeout_s))
+                result = steps.store_result(run.trace, self.store)
+                run.trace_ref = result.trace_ref
+                phase = "grading"
+                grade = await steps.grade(GradeInput(endpoint=endpoint, session=session,
+                                                     answer=run.trace.content, agent_error=result.error))
+                if task.verifier is not None:
+                    phase = "verifying"
+                    run.trace.extra["actor_grade"] = grade.model_dump(mode="json")
+                    grade = await steps.verify(VerifyInput(
+                        task=task, actor_endpoint=endpoint, actor_session=session,
+                        actor_raw=steps.actor_result(grade, run.trace.content, result.error),
+                        provider=endpoint.provider, key=run.rollout_id), provider=self.runtime)
+                run.grade = grade
+                run.status = "errored" if (grade.is_error or run.trace.is_error) else "succeeded"
+        except TimeoutError as exc:
+            if scope is not None and scope.expired():
+                _fail(run, phase, TimeoutError(f"rollout timed out after {self.rollout_timeout}s"))
+                run.status = "timeout"
+            else:
+                _fail(run, phase, exc)
+        except Exception as exc:
+            _fail(run, phase, exc)
+        finally:
+            run.trace.extra.setdefault("started_at", started)
+            if endpoint is not None:
+                await self._cleanup(run, endpoint, session)
+            if run.trace_ref is not None or run.trace.steps:
+                with contextlib.suppress(Exception):
+                    run.trace_ref = self.store.put(run.trace)
+
+    async def _cleanup(self, run: Run, endpoint: Endpoint, session: Session | None) -> None:
+        try:
+            await steps.teardown_with(endpoint, session, self.runtime)
+        except Exception as exc:  # recorded, never raised: the rollout already has its outcome
+            log.warning("teardown of %s failed: %s", run.rollout_id, exc)
+            run.trace.extra["teardown_error"] = f"{type(exc).__name__}: {exc}"
+
+
+def _fail(run: Run, phase: str, exc: BaseException) -> None:
+    message = str(exc) or type(exc).__name__
+    run.error = f"[{phase}] {message}"
+    run.error_phase = phase
+    run.status = "failed" if phase in _BEFORE_LAUNCH else "errored"
+    if run.trace.status == "running":
+        run.trace.status = "error"
+        run.trace.stop_reason = "error"
+    run.trace.record(Step(source="system", error=run.error, ended_at=time.time()))

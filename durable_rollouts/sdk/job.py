@@ -1,0 +1,151 @@
+"""``Job``: a batch of graded runs with rewards, errors and per-group statistics.
+
+A plain object (no I/O of its own except ``from_results`` reading traces and ``to_jsonl``).
+``Job.start`` opens a job that several ``Taskset.run(..., job=job)`` calls append to, as a
+training loop does. Imports models, run and tracestore only.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+import uuid
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..models import RolloutResult
+from .run import Run
+from .tracestore import TraceStore
+
+__all__ = ["GroupStats", "Job"]
+
+
+@dataclass(frozen=True)
+class GroupStats:
+    """Reward statistics of one group (the repeats of one task sharing a group id)."""
+
+    group_id: str
+    slug: str
+    n: int
+    graded: int
+    mean: float | None
+    std: float | None
+
+    @property
+    def zero_spread(self) -> bool:
+        """True when every graded run of the group got the same reward (no learning signal)."""
+        return self.graded > 0 and (self.std or 0.0) == 0.0
+
+
+class Job:
+    """A batch of runs.
+
+    Args:
+        id: the job id (a uuid hex by default).
+        name: a human name (the taskset's name by default).
+        group: how many rollouts each task gets.
+        runs: runs in expansion order (task-major).
+    """
+
+    def __init__(self, id: str | None = None, name: str = "job", *, group: int = 1,
+                 runs: Iterable[Run] | None = None, taskset: str | None = None) -> None:
+        self.id = id or uuid.uuid4().hex
+        self.name = name
+        self.group = group
+        self.taskset = taskset
+        self.runs: list[Run] = list(runs or [])
+        self.created_at = time.time()
+        self.batches = 0  # how many runs were appended to this job (an open job grows)
+
+    def __repr__(self) -> str:
+        return f"Job(id={self.id!r}, name={self.name!r}, runs={len(self.runs)}, reward={self.reward})"
+
+    @classmethod
+    async def start(cls, name: str, *, group: int = 1, id: str | None = None) -> Job:
+        """Open a job that several ``Taskset.run(..., job=job)`` calls append to."""
+        return cls(id=id, name=name, group=group)
+
+    @classmethod
+    def from_results(cls, id: str, name: str, results: Iterable[RolloutResult],
+                     store: TraceStore | None = None, *, group: int = 1) -> Job:
+        """Build a job from compact results, loading each trace from ``store`` when it can."""
+        store = store or TraceStore()
+        runs = []
+        for result in results:
+            trace = None
+            if result.trace_ref is not None:
+                try:
+                    trace = store.get(result.trace_ref)
+                except (OSError, ValueError):
+                    trace = None  # a missing trace must not hide the result
+            runs.append(Run.from_result(result, trace, job_id=id))
+        return cls(id=id, name=name, group=group, runs=runs)
+
+    # -- aggregates -----------------------------------------------------------------------
+
+    @property
+    def graded(self) -> list[Run]:
+        """Runs with a valid grade."""
+        return [r for r in self.runs if r.reward is not None]
+
+    @property
+    def errors(self) -> list[Run]:
+        """Runs without a valid grade (failed, errored grade, cancelled)."""
+        return [r for r in self.runs if r.reward is None]
+
+    @property
+    def reward(self) -> float | None:
+        """Mean reward over runs with a valid grade (None when there are none)."""
+        rewards = [r.reward for r in self.runs if r.reward is not None]
+        return sum(rewards) / len(rewards) if rewards else None
+
+    @property
+    def results(self) -> dict[str, list[Run]]:
+        """Runs by task slug."""
+        out: dict[str, list[Run]] = {}
+        for run in self.runs:
+            out.setdefault(run.slug, []).append(run)
+        return out
+
+    @property
+    def groups(self) -> dict[str, list[Run]]:
+        """Runs by group id, in expansion order."""
+        out: dict[str, list[Run]] = {}
+        for run in self.runs:
+            out.setdefault(run.group_id, []).append(run)
+        return out
+
+    def group_stats(self) -> dict[str, GroupStats]:
+        """Mean and (population) standard deviation of rewards per group."""
+        out = {}
+        for gid, runs in self.groups.items():
+            rewards = [r.reward for r in runs if r.reward is not None]
+            mean = sum(rewards) / len(rewards) if rewards else None
+            std = (math.sqrt(sum((x - mean) ** 2 for x in rewards) / len(rewards))
+                   if rewards and mean is not None else None)
+            out[gid] = GroupStats(gid, runs[0].slug, len(runs), len(rewards), mean, std)
+        return out
+
+    @property
+    def zero_spread_groups(self) -> list[str]:
+        """Group ids whose graded runs all got the same reward."""
+        return [gid for gid, s in self.group_stats().items() if s.zero_spread]
+
+    def status_counts(self) -> dict[str, int]:
+        """How many runs are in each status."""
+        out: dict[str, int] = {}
+        for run in self.runs:
+            out[run.status] = out.get(run.status, 0) + 1
+        return out
+
+    # -- output ---------------------------------------------------------------------------
+
+    def to_jsonl(self, path: str | Path) -> Path:
+        """Write one JSON record per run (result, task, prompt, trace)."""
+        path = Path(path)
+        with path.open("w") as fh:
+            for run in self.runs:
+                fh.write(json.dumps(run.to_dict(), default=str) + "\n")
+        return path

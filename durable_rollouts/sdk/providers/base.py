@@ -1,0 +1,149 @@
+"""The provider contract shared by every runtime, plus helpers all providers use.
+
+A provider places a task's environment somewhere and says where it answers. Two faces:
+
+* the durable face used by the step functions: ``spec()`` (the provider as data, rebuilt on each
+  worker), ``acquire(task, key) -> Endpoint`` and ``release(endpoint)``, both idempotent by key
+  (the rollout id), and ``locality`` (``process``, ``host`` or ``global``: where later steps may
+  run);
+* the DESIGN.md face: ``provider(task)`` is an async context manager yielding a ``Runtime``.
+
+Providers also reject ``RuntimeConfig`` fields they cannot honour (``check_config``). This module
+imports models and errors only; each provider lives in its own module.
+"""
+
+from __future__ import annotations
+
+import uuid
+from abc import ABC, abstractmethod
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar, Literal
+
+from ...errors import ConfigError
+from ...models import Endpoint, ProviderSpec, RuntimeConfig, Task
+
+__all__ = ["DurableProvider", "Locality", "Runtime", "log_tail"]
+
+Locality = Literal["process", "host", "global"]
+
+
+class DurableProvider(ABC):
+    """Base class of built-in providers."""
+
+    kind: ClassVar[str] = ""
+    """The built-in name used in ``ProviderSpec.kind``."""
+
+    locality: ClassVar[Locality] = "global"
+    """Where an endpoint can be reached from: this process, this host, or anywhere."""
+
+    honours: ClassVar[frozenset[str]] = frozenset()
+    """Dotted ``RuntimeConfig`` fields this provider can honour; any other set field is rejected."""
+
+    @abstractmethod
+    def spec(self) -> ProviderSpec:
+        """This provider as data (raises ConfigError when it cannot be sent to a worker)."""
+
+    @abstractmethod
+    async def acquire(self, task: Task, key: str) -> Endpoint:
+        """Place ``task``'s environment (or find the one already placed under ``key``)."""
+
+    @abstractmethod
+    async def release(self, endpoint: Endpoint) -> None:
+        """Remove what ``acquire`` placed; a no-op when it is already gone."""
+
+    def check_config(self, config: RuntimeConfig | None, *, what: str = "task") -> None:
+        """Raise ConfigError naming every set ``RuntimeConfig`` field this provider ignores."""
+        if config is None:
+            return
+        unsupported = sorted(config.set_fields() - self.honours)
+        if unsupported:
+            honoured = ", ".join(sorted(self.honours)) or "none"
+            raise ConfigError(
+                f"{type(self).__name__} cannot honour runtime_config field(s) "
+                f"{', '.join(unsupported)} of {what} (it honours: {honoured})"
+            )
+
+    def check_task(self, task: Task) -> None:
+        """Check a row and its verifier before anything starts."""
+        self.check_config(task.runtime_config, what=f"task {task.slug}")
+        if task.verifier is not None:
+            self.check_config(task.verifier.runtime_config, what=f"verifier of {task.slug}")
+
+    def __call__(self, task: Task) -> Any:
+        """The DESIGN.md provider face: ``async with provider(task) as runtime``."""
+        return _provide(self, task)
+
+
+@asynccontextmanager
+async def _provide(provider: DurableProvider, task: Task) -> AsyncIterator[Runtime]:
+    endpoint = await provider.acquire(task, f"adhoc-{uuid.uuid4().hex[:12]}")
+    try:
+        yield Runtime(endpoint.url, dict(endpoint.params), endpoint.config)
+    finally:
+        await provider.release(endpoint)
+
+
+@dataclass(frozen=True)
+class Runtime(DurableProvider):
+    """A borrowed, already running server: where it answers, and nothing to manage.
+
+    ``Runtime(url)`` is its own provider: acquiring it returns its url, releasing it does nothing.
+
+    Args:
+        url: ``tcp://host:port`` of the control channel.
+        params: extra connection parameters (``token``, ``ready_timeout``).
+        config: the RuntimeConfig it was placed with, if any (informational).
+    """
+
+    url: str
+    params: dict[str, Any] = field(default_factory=dict)
+    config: RuntimeConfig | None = None
+
+    kind: ClassVar[str] = "runtime"
+    locality: ClassVar[Locality] = "global"
+
+    def __hash__(self) -> int:
+        return hash(self.url)
+
+    def spec(self) -> ProviderSpec:
+        options: dict[str, Any] = {"url": self.url, "params": dict(self.params)}
+        if self.config is not None:
+            options["config"] = self.config.model_dump(mode="json", exclude_none=True)
+        return ProviderSpec(kind=self.kind, options=options)
+
+    @classmethod
+    def from_options(cls, options: dict[str, Any]) -> Runtime:
+        config = options.get("config")
+        return cls(options["url"], dict(options.get("params") or {}),
+                   RuntimeConfig.model_validate(config) if config else None)
+
+    async def acquire(self, task: Task, key: str) -> Endpoint:
+        return Endpoint(url=self.url, params=dict(self.params), config=self.config or task.runtime_config,
+                        provider=self.spec(), key=key)
+
+    async def release(self, endpoint: Endpoint) -> None:
+        return None  # borrowed: someone else owns its lifecycle
+
+    def __call__(self, task: Task) -> Any:
+        return _borrowed(self)
+
+
+@asynccontextmanager
+async def _borrowed(runtime: Runtime) -> AsyncIterator[Runtime]:
+    yield runtime
+
+
+def log_tail(path: str | Path, lines: int = 50) -> str:
+    """The last ``lines`` lines of a log file ('' when it does not exist)."""
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(0, 2)
+            size = fh.tell()
+            fh.seek(max(0, size - 256 * 1024))
+            data = fh.read()
+    except OSError:
+        return ""
+    return "\n".join(data.decode(errors="replace").splitlines()[-lines:])

@@ -1,0 +1,288 @@
+"""``SubprocessRuntime``: serve the environment from a child process that outlives its parent.
+
+The child (``python -m durable_rollouts.envserver PATH``) gets its own session, so a crashed
+worker does not take it down, and writes its output to a log file (a pipe would die with the
+parent). State lives under ``$ROLLOUTS_HOME/substrates/<key>/``: ``env.log`` and ``state.json``
+(pid, pgid, port), so any process on this host can find, reuse or remove the substrate of a key.
+Task data never travels by argv or environment: it goes over the socket in ``tasks.start``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import fcntl
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any, ClassVar
+
+from ...errors import ConfigError, ProviderError, ReadyTimeoutError
+from ...models import Endpoint, ProviderSpec, Task
+from ...protocol import SERVE_PORT_ANNOUNCEMENT
+from ..paths import rollouts_home, safe_name
+from .base import DurableProvider, Locality, log_tail
+
+__all__ = ["SubprocessRuntime", "substrate_dir"]
+
+_CHILDREN: dict[int, subprocess.Popen[bytes]] = {}  # our own children, reaped on release
+
+
+def substrate_dir(key: str) -> Path:
+    """The state directory of the substrate placed under ``key``."""
+    return rollouts_home() / "substrates" / safe_name(key)
+
+
+class SubprocessRuntime(DurableProvider):
+    """Serve each rollout's environment from its own child process on this host.
+
+    Args:
+        path: the ``env.py`` for rows whose ``source`` names no existing file (a row made by
+            calling a template carries the path of its env file, so a verifier env defined
+            in another file is served from there).
+        env_name: which environment of the file (default: the task's ``env``).
+        ready_timeout: seconds to wait for the port announcement (``limits.startup_timeout_s``
+            of a task overrides it).
+        python: the interpreter that runs the server.
+    """
+
+    kind: ClassVar[str] = "subprocess"
+    locality: ClassVar[Locality] = "host"
+    honours: ClassVar[frozenset[str]] = frozenset({"limits.startup_timeout_s"})
+
+    def __init__(self, path: str | Path | None = None, *, env_name: str | None = None,
+                 ready_timeout: float = 60.0, python: str = sys.executable) -> None:
+        self.path = str(Path(path).resolve()) if path is not None else None
+        self.env_name = env_name
+        self.ready_timeout = ready_timeout
+        self.python = python
+
+    def __repr__(self) -> str:
+        return f"SubprocessRuntime({self.path!r})"
+
+    def spec(self) -> ProviderSpec:
+        return ProviderSpec(kind=self.kind, options={
+            "path": self.path, "env_name": self.env_name,
+            "ready_timeout": self.ready_timeout, "python": self.python,
+        })
+
+    @classmethod
+    def from_options(cls, options: dict[str, Any]) -> SubprocessRuntime:
+        return cls(options.get("path"), env_name=options.get("env_name"),
+                   ready_timeout=float(options.get("ready_timeout") or 60.0),
+                   python=options.get("python") or sys.executable)
+
+    # -- lifecycle ------------------------------------------------------------------------
+
+    async def acquire(self, task: Task, key: str) -> Endpoint:
+        self.check_config(task.runtime_config, what=f"task {task.slug}")
+        source = _source_for(task, self.path)
+        if not source or not Path(source).is_file():
+            raise ConfigError(f"SubprocessRuntime needs an env file; got {source!r} for task {task.slug}")
+        directory = substrate_dir(key)
+        directory.mkdir(parents=True, exist_ok=True)
+        async with _locked(directory / "lock"):
+            state = _read_state(directory)
+            if state and state.get("port") and _alive(int(state["pid"]), state.get("birth")):
+                return self._endpoint(task, key, state)
+            if state:  # a dead or half-started substrate: make sure it is gone, then replace it
+                await _stop_group(int(state["pid"]), int(state.get("pgid", state["pid"])), state.get("birth"))
+            state = await self._spawn(task, source, directory)
+            return self._endpoint(task, key, state)
+
+    async def release(self, endpoint: Endpoint) -> None:
+        directory = substrate_dir(endpoint.key)
+        if not directory.exists() and not endpoint.handle:
+            return
+        directory.mkdir(parents=True, exist_ok=True)
+        async with _locked(directory / "lock"):
+            state = _read_state(directory) or {}
+            for source in (state, endpoint.handle):
+                if source.get("pid"):
+                    pid = int(source["pid"])
+                    await _stop_group(pid, int(source.get("pgid") or pid), source.get("birth"))
+            # The log goes too: a failed start keeps it (its path is in the error message).
+            shutil.rmtree(directory, ignore_errors=True)
+
+    # -- helpers --------------------------------------------------------------------------
+
+    def _endpoint(self, task: Task, key: str, state: dict[str, Any]) -> Endpoint:
+        return Endpoint(
+            url=f"tcp://127.0.0.1:{state['port']}", params={}, config=task.runtime_config,
+            provider=self.spec(), key=key,
+            handle={"pid": state["pid"], "pgid": state["pgid"], "log": state["log"],
+                    "birth": state.get("birth")},
+        )
+
+    async def _spawn(self, task: Task, source: str, directory: Path) -> dict[str, Any]:
+        log = directory / "env.log"
+        cmd = [self.python, "-m", "durable_rollouts.envserver", source,
+               "--env", self.env_name or task.env]
+        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        with open(log, "wb") as out:
+            proc = subprocess.Popen(  # noqa: S603 - argv holds no task data, only the env file
+                cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                cwd=str(Path(source).parent), env=env, start_new_session=True,
+            )
+        _CHILDREN[proc.pid] = proc
+        # Recorded before it is ready, so a release by key finds even a half-started server.
+        birth = _birth(proc.pid)
+        _write_state(directory, {"pid": proc.pid, "pgid": proc.pid, "port": None, "log": str(log),
+                                 "birth": birth})
+        limits = task.runtime_config.limits if task.runtime_config is not None else None
+        timeout = limits.startup_timeout_s if limits and limits.startup_timeout_s else self.ready_timeout
+        try:
+            port = await _wait_for_port(proc, log, timeout, task.env)
+        except BaseException:  # early exit, timeout or cancellation: never leave it behind
+            await asyncio.shield(_stop_group(proc.pid, proc.pid, birth))
+            with contextlib.suppress(OSError):
+                (directory / "state.json").unlink()
+            raise
+        state = {"pid": proc.pid, "pgid": proc.pid, "port": port, "log": str(log), "birth": birth,
+                 "source": source, "started_at": time.time()}
+        _write_state(directory, state)
+        return state
+
+
+async def _wait_for_port(proc: subprocess.Popen[bytes], log: Path, timeout: float, env: str) -> int:
+    deadline = time.monotonic() + timeout
+    while True:
+        port = _announced_port(log)
+        if port is not None:
+            return port
+        code = proc.poll()
+        if code is not None:
+            raise ProviderError(
+                f"environment server for {env!r} exited with code {code} before it was ready; "
+                f"last 50 lines of its output ({log}):\n{log_tail(log, 50)}"
+            )
+        if time.monotonic() > deadline:
+            raise ReadyTimeoutError(
+                f"environment server for {env!r} did not announce its port within {timeout}s; "
+                f"last 50 lines of its output ({log}):\n{log_tail(log, 50)}"
+            )
+        await asyncio.sleep(0.02)
+
+
+def _source_for(task: Task, default: str | None) -> str | None:
+    if task.source and task.source.endswith(".py") and Path(task.source).is_file():
+        return str(Path(task.source).resolve())
+    return default
+
+
+def _announced_port(log: Path) -> int | None:
+    try:
+        text = log.read_bytes()[:1_000_000].decode(errors="replace")
+    except OSError:
+        return None
+    for line in text.splitlines():
+        if line.startswith(SERVE_PORT_ANNOUNCEMENT):
+            value = line[len(SERVE_PORT_ANNOUNCEMENT):].strip()
+            if value.isdigit():
+                return int(value)
+    return None
+
+
+def _read_state(directory: Path) -> dict[str, Any] | None:
+    try:
+        data = json.loads((directory / "state.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) and "pid" in data else None
+
+
+def _write_state(directory: Path, state: dict[str, Any]) -> None:
+    tmp = directory / f".state.{os.getpid()}.tmp"
+    tmp.write_text(json.dumps(state))
+    os.replace(tmp, directory / "state.json")
+
+
+def _running(pid: int) -> bool:
+    """True while ``pid`` exists and is not a zombie (a dying process still counts)."""
+    child = _CHILDREN.get(pid)
+    if child is not None and child.poll() is not None:
+        _CHILDREN.pop(pid, None)
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return not Path("/proc/self").exists()  # no procfs: trust kill(0)
+    return stat.rsplit(")", 1)[-1].split()[0] not in ("Z", "X")
+
+
+def _birth(pid: int) -> str | None:
+    """The process start time (clock ticks since boot): with the pid, a unique identity."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[-1].split()[19]
+    except (OSError, IndexError):
+        return None
+
+
+def _alive(pid: int, birth: str | None = None) -> bool:
+    """True when ``pid`` is a running env server, the one born at ``birth`` if given (so a
+    reused pid is never mistaken for it)."""
+    if not _running(pid):
+        return False
+    if birth is not None and _birth(pid) not in (None, birth):
+        return False
+    try:
+        return b"durable_rollouts.envserver" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return not Path("/proc/self").exists()
+
+
+def _kill_group(pid: int, pgid: int, sig: int = signal.SIGKILL) -> None:
+    if pgid <= 1 or pgid == os.getpgrp():
+        pgid = 0  # never signal our own group: fall back to the single pid
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        if pgid:
+            os.killpg(pgid, sig)
+        else:
+            os.kill(pid, sig)
+
+
+async def _stop_group(pid: int, pgid: int, birth: str | None = None, grace: float = 3.0) -> None:
+    """SIGTERM the group, wait up to ``grace`` seconds, then SIGKILL; reap our own child."""
+    if _alive(pid, birth):  # identity checked once, before any signal
+        _kill_group(pid, pgid, signal.SIGTERM)
+        deadline = time.monotonic() + grace
+        while _running(pid) and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        # Stragglers of the group (children the env spawned). The leader was ours just now,
+        # so this group id still belongs to it.
+        _kill_group(pid, pgid, signal.SIGKILL)
+        deadline = time.monotonic() + 2.0
+        while _running(pid) and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+    child = _CHILDREN.pop(pid, None)
+    if child is not None:
+        with contextlib.suppress(Exception):
+            await asyncio.to_thread(child.wait, 5)
+
+
+@contextlib.asynccontextmanager
+async def _locked(path: Path) -> AsyncIterator[None]:
+    """An advisory file lock across processes (polled, so the event loop keeps running)."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                await asyncio.sleep(0.02)
+        yield
+    finally:
+        os.close(fd)  # closing releases the lock

@@ -1,0 +1,353 @@
+"""The rollout steps, as plain async functions with one pydantic input each.
+
+``provision -> connect -> start -> run_agent -> grade -> [verify] -> teardown``. Every step after
+``connect`` reconnects with ``hello{session_id}``, so each may run in a fresh process (Temporal
+activities call them; the direct executor calls them in one process). Errors are classified
+here, at the edge: ``ConfigError`` for user mistakes (never retried), ``SubstrateGoneError`` when
+the endpoint refuses connections or forgot the session (reprovision), anything else is
+retryable infrastructure. Imports models, errors, protocol codes, the client, agents, providers
+and the trace store; never Temporal.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+from ..errors import (
+    ConfigError,
+    ProtocolError,
+    ReadyTimeoutError,
+    RemoteTaskError,
+    SubstrateGoneError,
+)
+from ..models import (
+    AgentInput,
+    AgentResult,
+    ConnectInput,
+    Endpoint,
+    Grade,
+    GradeInput,
+    ProvisionInput,
+    Session,
+    StartInput,
+    Step,
+    Task,
+    TaskCall,
+    TeardownInput,
+    Trace,
+    VerifyInput,
+)
+from ..protocol import ErrorCode
+from .agents import Agent, load_agent
+from .client import EnvClient
+from .client import connect as _open
+from .client import parse_url
+from .providers import DurableProvider, provider_from_spec
+from .run import Run
+from .tracestore import TraceStore
+
+__all__ = [
+    "actor_result",
+    "connect",
+    "execute_agent",
+    "grade",
+    "provision",
+    "run_agent",
+    "start",
+    "store_result",
+    "teardown",
+    "teardown_with",
+    "verify",
+]
+
+log = logging.getLogger(__name__)
+
+HEARTBEAT_EVERY_S = 1.0
+DEFAULT_READY_TIMEOUT_S = 60.0
+RESUME_TIMEOUT_S = 30.0
+_RESUME_BACKOFF_S = (0.05, 0.1, 0.2, 0.4, 0.8)  # a just-closed session may not be parked yet
+
+
+# ---------------------------------------------------------------------------------------------
+# Connection helpers
+
+
+def _ready_timeout(endpoint: Endpoint, override: float | None = None) -> float:
+    if override:
+        return override
+    if endpoint.params.get("ready_timeout"):
+        return float(endpoint.params["ready_timeout"])
+    limits = endpoint.config.limits if endpoint.config is not None else None
+    if limits is not None and limits.startup_timeout_s:
+        return limits.startup_timeout_s
+    return DEFAULT_READY_TIMEOUT_S
+
+
+async def _fresh(endpoint: Endpoint, ready_timeout: float) -> EnvClient:
+    """A new session; a substrate that never answers is reported gone."""
+    try:
+        return await _open(endpoint.url, ready_timeout=ready_timeout, token=endpoint.params.get("token"))
+    except ReadyTimeoutError as exc:
+        raise SubstrateGoneError(f"substrate at {endpoint.url} did not answer: {exc}") from exc
+
+
+async def _probe(endpoint: Endpoint) -> None:
+    """Fail fast when nothing listens any more: a refused port is a gone substrate, while a
+    slow one (a busy env loop) is not, so ``hello`` gets a generous timeout afterwards."""
+    host, port = parse_url(endpoint.url)
+    for delay in (0.1, 0.3, None):
+        try:
+            _, writer = await asyncio.wait_for(asyncio.open_connection(host, port), 5.0)
+        except (ConnectionRefusedError, ConnectionResetError) as exc:
+            if delay is None:
+                raise SubstrateGoneError(f"substrate at {endpoint.url} refuses connections: {exc}") from exc
+            await asyncio.sleep(delay)
+        except (OSError, asyncio.TimeoutError):
+            return  # unclear: let hello decide within its timeout
+        else:
+            writer.close()
+            with contextlib.suppress(Exception):
+                await writer.wait_closed()
+            return
+
+
+async def _resume(endpoint: Endpoint, session: Session, ready_timeout: float | None = None) -> EnvClient:
+    """Reconnect to ``session``; refused or unknown session -> SubstrateGoneError."""
+    await _probe(endpoint)
+    timeout = ready_timeout or float(endpoint.params.get("resume_timeout", RESUME_TIMEOUT_S))
+    last: ProtocolError | None = None
+    for delay in (*_RESUME_BACKOFF_S, None):
+        try:
+            return await _open(endpoint.url, ready_timeout=timeout, session_id=session.session_id,
+                               token=endpoint.params.get("token"))
+        except ReadyTimeoutError as exc:
+            raise SubstrateGoneError(f"substrate at {endpoint.url} is gone: {exc}") from exc
+        except ProtocolError as exc:
+            if exc.code != ErrorCode.INVALID_REQUEST:
+                raise
+            last = exc
+        if delay is not None:
+            await asyncio.sleep(delay)
+    raise SubstrateGoneError(
+        f"session {session.session_id} is unknown at {endpoint.url} (the environment restarted or "
+        f"the session expired): {last.message if last else ''}"
+    )
+
+
+def _start_error(exc: ProtocolError, task: Task) -> Exception:
+    if exc.code == ErrorCode.INVALID_PARAMS:
+        return ConfigError(f"task {task.id!r} of env {task.env!r} was rejected: {exc.message}")
+    return exc
+
+
+# ---------------------------------------------------------------------------------------------
+# Steps
+
+
+async def provision(inp: ProvisionInput) -> Endpoint:
+    """Place the task's environment with the provider; idempotent per ``inp.key``."""
+    return await provider_from_spec(inp.provider).acquire(inp.task, inp.key)
+
+
+async def connect(inp: ConnectInput) -> Session:
+    """Open a control-channel session on the endpoint and leave it parked for later steps."""
+    client = await _fresh(inp.endpoint, _ready_timeout(inp.endpoint, inp.ready_timeout_s))
+    try:
+        return Session(session_id=client.session_id, env_name=client.env.name,
+                       env_version=client.env.version, bindings=list(client.bindings))
+    finally:
+        await client.close()
+
+
+async def start(inp: StartInput) -> dict[str, Any]:
+    """Start ``inp.task`` in the session; returns the prompt frame."""
+    client = await _resume(inp.endpoint, inp.session)
+    try:
+        return await client.start_task(inp.task.id, dict(inp.task.args))
+    except ProtocolError as exc:
+        raise _start_error(exc, inp.task) from exc
+    finally:
+        await client.close()
+
+
+async def run_agent(inp: AgentInput, *, heartbeat: Callable[[], None] | None = None,
+                    trace_store: TraceStore | None = None) -> AgentResult:
+    """Rebuild the agent, let it work on the session, store its trace.
+
+    Agent failures and timeouts do not raise: they are recorded in the trace and the result
+    (so the rollout is still graded). Infrastructure failures (substrate gone) do raise.
+    """
+    agent = load_agent(inp.agent)
+    trace = await execute_agent(agent, inp, heartbeat=heartbeat)
+    return store_result(trace, trace_store)
+
+
+def store_result(trace: Trace, trace_store: TraceStore | None = None) -> AgentResult:
+    """Put ``trace`` in the store and summarise it as an AgentResult."""
+    ref = (trace_store or TraceStore()).put(trace)
+    error = next((s.error for s in reversed(trace.steps) if s.error), None) if trace.is_error else None
+    return AgentResult(content=trace.content, status=trace.status, stop_reason=trace.stop_reason,
+                       error=error, trace_ref=ref)
+
+
+async def execute_agent(agent: Agent, inp: AgentInput, *,
+                        heartbeat: Callable[[], None] | None = None) -> Trace:
+    """Run an agent object on the session under ``inp.timeout_s``; returns its trace."""
+    client = await _resume(inp.endpoint, inp.session)
+    trace = Trace(trace_id=inp.rollout_id)
+    trace.record(Step(source="user", messages=[{"role": "user", "content": inp.prompt.get("prompt", inp.prompt)}],
+                      task_call=TaskCall(phase="setup", name=inp.task.id, arguments=inp.task.args,
+                                         result=inp.prompt), ended_at=time.time()))
+    run = Run(task=inp.task, prompt=inp.prompt, bindings=list(client.bindings), client=client,
+              trace=trace, job_id=inp.job_id, group_id=inp.group_id, rollout_id=inp.rollout_id)
+    beat = asyncio.create_task(_beat(heartbeat)) if heartbeat is not None else None
+    timeout = inp.timeout_s if inp.timeout_s is not None else agent.timeout_s
+    try:
+        async with asyncio.timeout(timeout) as scope:
+            try:
+                await agent(run)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # the agent's own failure: recorded, still graded
+                trace.status = "error"
+                trace.stop_reason = "error"
+                trace.record(Step(source="system", error=f"{type(exc).__name__}: {exc}", ended_at=time.time()))
+    except TimeoutError:
+        if not scope.expired():
+            raise
+        trace.status = "error"
+        trace.stop_reason = "timeout"
+        trace.record(Step(source="system", error=f"agent timed out after {timeout}s", ended_at=time.time()))
+    finally:
+        if beat is not None:
+            beat.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await beat
+        run.client = None
+        with contextlib.suppress(Exception):
+            await client.close()  # no bye: the session parks for the grade step
+    if trace.status == "running":
+        trace.status = "completed"
+        trace.stop_reason = trace.stop_reason or "done"
+    return trace
+
+
+async def _beat(heartbeat: Callable[[], None]) -> None:
+    while True:
+        try:
+            heartbeat()
+        except Exception:  # a heartbeat problem must not kill the agent
+            log.debug("heartbeat failed", exc_info=True)
+        await asyncio.sleep(HEARTBEAT_EVERY_S)
+
+
+async def grade(inp: GradeInput) -> Grade:
+    """Grade the session's task with the agent's answer (idempotent on the server)."""
+    client = await _resume(inp.endpoint, inp.session)
+    try:
+        frame = await client.grade(inp.answer)
+    except ProtocolError as exc:  # the env refused or the task raised: a result, not a retry
+        return Grade.error(_grade_failure(exc, inp.agent_error),
+                           raw=_failed_raw(inp.answer, inp.agent_error or exc.message))
+    finally:
+        await client.close()
+    return _to_grade(frame)
+
+
+def _grade_failure(exc: ProtocolError, agent_error: str | None) -> str:
+    what = "grading raised in the environment" if isinstance(exc, RemoteTaskError) else "grading was refused"
+    suffix = f" (agent error: {agent_error})" if agent_error else ""
+    return f"{what}: {exc.message}{suffix}"
+
+
+def _failed_raw(answer: str | None, content: str | None) -> dict[str, Any]:
+    return {"score": 0.0, "answer": answer, "content": content, "isError": True}
+
+
+def _to_grade(frame: Any) -> Grade:
+    if not isinstance(frame, dict):
+        return Grade.error(f"grade frame is not an object: {frame!r}")
+    try:
+        return Grade.from_frame(frame)
+    except ValueError as exc:
+        return Grade.error(str(exc), raw=frame)
+
+
+def actor_result(grade: Grade | None, answer: str | None, agent_error: str | None = None) -> dict[str, Any]:
+    """What a verifier receives as its answer: the actor's grade frame, or — when the agent
+    failed or the actor could not be graded — ``{score: 0, answer, content, isError: True}``."""
+    if agent_error is None and grade is not None and not grade.is_error and grade.raw:
+        return dict(grade.raw)
+    content = agent_error or (grade.content if grade is not None else None)
+    return _failed_raw(answer, content)
+
+
+async def verify(inp: VerifyInput, *, provider: DurableProvider | None = None) -> Grade:
+    """Grade ``inp.task.verifier`` with the actor's result; never re-runs the agent.
+
+    Same env and no runtime_config: a new session on the actor's server. Otherwise the verifier
+    is provisioned under ``f"{key}-verifier"`` and always released afterwards.
+    """
+    verifier = inp.task.verifier
+    if verifier is None:
+        raise ConfigError(f"task {inp.task.slug} has no verifier")
+    if verifier.env == inp.task.env and verifier.runtime_config is None:
+        await _probe(inp.actor_endpoint)
+        client = await _fresh(inp.actor_endpoint, RESUME_TIMEOUT_S)
+        return await _grade_verifier(client, verifier, inp.actor_raw)
+    provider = provider or provider_from_spec(inp.provider)
+    provider.check_config(verifier.runtime_config, what=f"verifier of {inp.task.slug}")
+    endpoint = await provider.acquire(verifier, f"{inp.key}-verifier")
+    try:
+        client = await _fresh(endpoint, _ready_timeout(endpoint))
+        return await _grade_verifier(client, verifier, inp.actor_raw)
+    finally:
+        await provider.release(endpoint)
+
+
+async def _grade_verifier(client: EnvClient, verifier: Task, actor_raw: dict[str, Any]) -> Grade:
+    try:
+        try:
+            await client.start_task(verifier.id, dict(verifier.args))
+        except ProtocolError as exc:
+            raise _start_error(exc, verifier) from exc
+        try:
+            frame = await client.grade(actor_raw)
+        except ProtocolError as exc:
+            return Grade.error(f"verifier {verifier.id!r}: {_grade_failure(exc, None)}")
+        with contextlib.suppress(Exception):
+            await client.bye()
+        return _to_grade(frame)
+    finally:
+        with contextlib.suppress(Exception):
+            await client.close()
+
+
+async def teardown(inp: TeardownInput, *, provider: DurableProvider | None = None) -> None:
+    """Best effort: cancel and end the session, then release the substrate (idempotent)."""
+    await teardown_with(inp.endpoint, inp.session, provider or provider_from_spec(inp.endpoint.provider))
+
+
+async def teardown_with(endpoint: Endpoint, session: Session | None, provider: DurableProvider) -> None:
+    """``teardown`` with a provider object (the direct executor has one at hand)."""
+    if session is not None:
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(_end_session(endpoint, session), 5.0)
+    await provider.release(endpoint)
+
+
+async def _end_session(endpoint: Endpoint, session: Session) -> None:
+    client = await _resume(endpoint, session, ready_timeout=1.0)
+    try:
+        with contextlib.suppress(ProtocolError):
+            await client.cancel()
+        with contextlib.suppress(ProtocolError):
+            await client.bye()
+    finally:
+        with contextlib.suppress(Exception):
+            await client.close()

@@ -1,0 +1,223 @@
+"""``Taskset``: named, slug-indexed rows of tasks, loaded from and saved to files.
+
+``resolve_task`` is the lazy-resolution hook: the orchestrators call it once per *group*, so
+every rollout of a group binds the same resolved task. ``run`` delegates to the durable
+orchestrator (imported lazily, so importing this module never loads Temporal).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import inspect
+import json
+import sys
+import uuid
+from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from pydantic import ValidationError
+
+from ..errors import ConfigError
+from ..models import Task
+
+if TYPE_CHECKING:
+    from .agents import Agent
+    from .job import Job
+
+__all__ = ["Taskset"]
+
+
+class Taskset:
+    """Rows of tasks indexed by slug.
+
+    Args:
+        name: the taskset's name (jobs default to it).
+        tasks: the rows; two rows with the same slug are rejected.
+
+    Raises:
+        ConfigError: duplicate slugs, or a row that is not a Task.
+    """
+
+    def __init__(self, name: str, tasks: Iterable[Task | dict[str, Any]] = ()) -> None:
+        self.name = name
+        self._tasks: dict[str, Task] = {}
+        for row in tasks:
+            task = _as_task(row)
+            if task.slug in self._tasks:
+                raise ConfigError(f"taskset {name!r}: duplicate task slug {task.slug!r}")
+            self._tasks[task.slug] = task
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(name={self.name!r}, tasks={len(self)})"
+
+    def __len__(self) -> int:
+        return len(self._tasks)
+
+    def __iter__(self) -> Iterator[Task]:
+        return iter(self._tasks.values())
+
+    def __getitem__(self, key: int | str) -> Task:
+        if isinstance(key, int):
+            return list(self._tasks.values())[key]
+        return self._tasks[key]
+
+    def __contains__(self, slug: object) -> bool:
+        return slug in self._tasks
+
+    @property
+    def tasks(self) -> list[Task]:
+        """The rows in order."""
+        return list(self._tasks.values())
+
+    @property
+    def slugs(self) -> list[str]:
+        return list(self._tasks)
+
+    # -- lazy resolution ------------------------------------------------------------------
+
+    def resolve_task(self, task: Task) -> Task:
+        """Turn a row into the task that is actually run (identity by default).
+
+        Override (sync or ``async def``) to resolve lazily, e.g. to pick a fresh problem per
+        group. It is called once per group; every rollout of the group runs the result.
+        """
+        return task
+
+    async def aresolve(self, task: Task) -> Task:
+        """Call :meth:`resolve_task`, awaiting it when it is a coroutine function."""
+        result = self.resolve_task(task)
+        if inspect.isawaitable(result):
+            result = await result
+        if not isinstance(result, Task):
+            raise ConfigError(f"{type(self).__name__}.resolve_task returned {type(result).__name__}, not a Task")
+        return result
+
+    # -- selection ------------------------------------------------------------------------
+
+    def filter(self, predicate: Callable[[Task], bool] | None = None, *,
+               slugs: Iterable[str] | None = None, ids: Iterable[str] | None = None,
+               env: str | None = None) -> Taskset:
+        """A taskset of the rows matching every given criterion (same class, same name)."""
+        slug_set = set(slugs) if slugs is not None else None
+        id_set = set(ids) if ids is not None else None
+        rows = [
+            t for t in self
+            if (slug_set is None or t.slug in slug_set)
+            and (id_set is None or t.id in id_set)
+            and (env is None or t.env == env)
+            and (predicate is None or predicate(t))
+        ]
+        clone = object.__new__(type(self))
+        clone.__dict__.update(self.__dict__)
+        clone._tasks = {t.slug: t for t in rows}
+        return clone
+
+    # -- files ----------------------------------------------------------------------------
+
+    @classmethod
+    def from_file(cls, path: str | Path, name: str | None = None) -> Taskset:
+        """Load rows from a ``.py`` module, a ``.json`` file or a ``.jsonl`` file.
+
+        A ``.py`` file is imported and scanned for ``Task`` objects, ``Taskset`` objects and
+        lists/tuples of tasks (a lone Taskset keeps its name). JSON is a list of rows or
+        ``{"name": ..., "tasks": [...]}``; JSONL is one row per line.
+        """
+        path = Path(path)
+        if not path.exists():
+            raise ConfigError(f"taskset file not found: {path}")
+        suffix = path.suffix.lower()
+        if suffix == ".py":
+            lone, rows = _scan_module(path)
+            if lone is not None and len(lone) == len(rows) and isinstance(lone, cls):
+                if name:
+                    lone.name = name
+                return lone  # keeps a subclass's resolve_task
+            return cls(name or path.stem, rows)
+        try:
+            if suffix == ".json":
+                data = json.loads(path.read_text())
+                if isinstance(data, dict):
+                    return cls(name or str(data.get("name") or path.stem), data.get("tasks", []))
+                if isinstance(data, list):
+                    return cls(name or path.stem, data)
+                raise ConfigError(f"{path}: expected a list of tasks or an object with 'tasks'")
+            if suffix == ".jsonl":
+                lines = [ln for ln in path.read_text().splitlines() if ln.strip()]
+                return cls(name or path.stem, [json.loads(ln) for ln in lines])
+        except json.JSONDecodeError as exc:
+            raise ConfigError(f"{path}: invalid JSON: {exc}") from exc
+        raise ConfigError(f"unsupported taskset file {path}: use .py, .json or .jsonl")
+
+    def to_file(self, path: str | Path) -> Path:
+        """Write the rows as ``.json`` (``{"name", "tasks"}``) or ``.jsonl`` (one per line)."""
+        path = Path(path)
+        rows = [t.model_dump(mode="json", exclude_none=True) for t in self]
+        if path.suffix.lower() == ".jsonl":
+            path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+        elif path.suffix.lower() == ".json":
+            path.write_text(json.dumps({"name": self.name, "tasks": rows}, indent=2) + "\n")
+        else:
+            raise ConfigError(f"to_file writes .json or .jsonl, not {path.suffix or path.name!r}")
+        return path
+
+    # -- running --------------------------------------------------------------------------
+
+    async def run(self, agent: Agent, *, runtime: Any, group: int = 1, max_concurrent: int = 16,
+                  job: Job | None = None, rollout_timeout: float | None = None,
+                  temporal: Any = None, **kwargs: Any) -> Job:
+        """Run every row ``group`` times with ``agent`` on ``runtime``, durably, and return the Job."""
+        from .orchestrate import run_taskset  # lazy: keeps Temporal out of plain imports
+
+        return await run_taskset(  # type: ignore[no-any-return]
+            self, agent, runtime=runtime, group=group, max_concurrent=max_concurrent,
+            job=job, rollout_timeout=rollout_timeout, temporal=temporal, **kwargs,
+        )
+
+
+def _as_task(row: Any) -> Task:
+    if isinstance(row, Task):
+        return row
+    if isinstance(row, dict):
+        try:
+            return Task.model_validate(row)
+        except ValidationError as exc:
+            raise ConfigError(f"invalid task row {row!r}: {exc}") from exc
+    raise ConfigError(f"a taskset row must be a Task or a dict, not {type(row).__name__}")
+
+
+def _scan_module(path: Path) -> tuple[Taskset | None, list[Task]]:
+    """Import ``path`` and collect its tasks (in definition order, identical rows once)."""
+    directory = str(path.resolve().parent)
+    if directory not in sys.path:
+        sys.path.insert(0, directory)  # so tasks.py can `import env` next to it
+    module_name = f"_rollouts_taskset_{path.stem}_{uuid.uuid4().hex[:8]}"
+    spec = importlib.util.spec_from_file_location(module_name, path)
+    if spec is None or spec.loader is None:
+        raise ConfigError(f"cannot import {path}")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[module_name] = module
+    try:
+        spec.loader.exec_module(module)
+    except Exception as exc:
+        sys.modules.pop(module_name, None)
+        raise ConfigError(f"importing {path} failed: {type(exc).__name__}: {exc}") from exc
+    tasksets: list[Taskset] = []
+    rows: list[Task] = []
+    for value in vars(module).values():
+        if isinstance(value, Taskset):
+            tasksets.append(value)
+            rows.extend(value)
+        elif isinstance(value, Task):
+            rows.append(value)
+        elif isinstance(value, (list, tuple)) and value and all(isinstance(v, Task) for v in value):
+            rows.extend(value)
+    unique: dict[str, Task] = {}
+    for task in rows:
+        seen = unique.get(task.slug)
+        if seen is not None and seen != task:
+            raise ConfigError(f"{path}: two different tasks share slug {task.slug!r}")
+        unique.setdefault(task.slug, task)
+    if not unique:
+        raise ConfigError(f"{path} defines no Task, Taskset or list of tasks")
+    return (tasksets[0] if len(tasksets) == 1 else None), list(unique.values())
