@@ -158,7 +158,8 @@ class Endpoint(_Model):
     """
 
     url: str
-    params: dict[str, Any] = Field(default_factory=dict)
+    # params may carry a substrate token: keep it out of reprs (and so out of logs).
+    params: dict[str, Any] = Field(default_factory=dict, repr=False)
     config: RuntimeConfig | None = None
     provider: ProviderSpec
     key: str

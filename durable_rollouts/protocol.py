@@ -17,6 +17,7 @@ Typical use by an I/O adapter::
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
@@ -46,6 +47,7 @@ __all__ = [
     "error_from_frame",
     "request_frame",
     "result_frame",
+    "valid_request_id",
 ]
 
 PROTOCOL_VERSION = "1"
@@ -280,7 +282,7 @@ class LineProtocol:
             return
         self._lines_parsed += 1
         try:
-            frame = json.loads(line)
+            frame = json.loads(line, parse_constant=_reject_constant, parse_float=_finite_float)
         except (ValueError, RecursionError) as exc:
             self._events.append(FrameError(ErrorCode.PARSE_ERROR, f"invalid JSON: {exc}"))
             return
@@ -291,5 +293,29 @@ class LineProtocol:
 
 
 def encode_frame(frame: dict[str, Any]) -> bytes:
-    """One compact JSON line terminated by ``\\n``."""
-    return json.dumps(frame, separators=(",", ":"), ensure_ascii=False, default=str).encode() + b"\n"
+    """One compact JSON line terminated by ``\\n``.
+
+    Raises ``ValueError`` for NaN/Infinity (not JSON) and ``RecursionError`` for absurd nesting.
+    Strings with lone surrogates (legal in JSON only as ``\\u`` escapes) are sent escaped.
+    """
+    text = json.dumps(frame, separators=(",", ":"), ensure_ascii=False, allow_nan=False, default=str)
+    try:
+        return text.encode() + b"\n"
+    except UnicodeEncodeError:
+        return json.dumps(frame, separators=(",", ":"), allow_nan=False, default=str).encode() + b"\n"
+
+
+def valid_request_id(value: Any) -> bool:
+    """JSON-RPC 2.0 ids are strings, numbers or null (a bool is not a number here)."""
+    return value is None or isinstance(value, str) or (isinstance(value, int | float) and not isinstance(value, bool))
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON value")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"number {text} is out of range")
+    return value

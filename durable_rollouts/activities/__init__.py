@@ -1,1 +1,13 @@
-"""Placeholder; filled by a later change."""
+"""Temporal activities: resolve, provision, connect, start, agent, grade, verify, teardown.
+
+Classes built with their dependencies; each activity is a thin wrapper over
+``durable_rollouts.sdk.steps`` with errors mapped at one edge (``failures``). Workflows never
+import this package (they reference activities by name).
+"""
+
+from __future__ import annotations
+
+from durable_rollouts.activities.rollout import Queues, RolloutActivities
+from durable_rollouts.activities.taskset import ResultStore, TasksetActivities, register_taskset
+
+__all__ = ["Queues", "ResultStore", "RolloutActivities", "TasksetActivities", "register_taskset"]

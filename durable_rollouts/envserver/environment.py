@@ -370,6 +370,9 @@ class Environment:
             try:
                 await _call_hook(hook)
             except Exception as exc:
+                # Undo what earlier hooks started (a workspace daemon, an MCP server): nothing is
+                # left running when serve fails. Shutdown hooks are best effort, so this is safe.
+                await self.stop()
                 raise EnvError(f"initialize hook {_hook_name(hook)} failed: {exc!r}") from exc
         self.started = True
 

@@ -59,7 +59,7 @@ async def wait_until_listening(
             raise EnvError(f"{what} stopped before it accepted connections: {exc!r}") from exc
         try:
             _, writer = await asyncio.wait_for(asyncio.open_connection(host, port), 1.0)
-        except (OSError, asyncio.TimeoutError):
+        except (TimeoutError, OSError):
             if time.monotonic() >= deadline:
                 raise EnvError(
                     f"{what} did not accept connections on {host}:{port} within {timeout_s:g}s"
@@ -146,7 +146,9 @@ class McpService:
         try:
             await self._uvicorn.serve(sockets=[sock])
         except SystemExit as exc:  # uvicorn exits the process on a failed startup; not here
-            raise EnvError(f"mcp server {self.name!r} failed to start (uvicorn exit {exc.code})") from None
+            raise EnvError(
+                f"mcp server {self.name!r} failed to start (uvicorn exit {exc.code})"
+            ) from None
         finally:
             sock.close()
 
@@ -161,7 +163,7 @@ class McpService:
             self._uvicorn.should_exit = True
         try:
             if not started:  # still starting (or hung in its lifespan): nothing to drain
-                raise asyncio.TimeoutError
+                raise TimeoutError
             await asyncio.wait_for(asyncio.shield(task), 5)
         except BaseException:
             task.cancel()

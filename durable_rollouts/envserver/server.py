@@ -17,7 +17,7 @@ import hmac
 import ipaddress
 import logging
 import sys
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError
@@ -37,6 +37,7 @@ from ..protocol import (
     StartParams,
     error_frame,
     result_frame,
+    valid_request_id,
 )
 from .environment import Environment
 from .runner import TaskRunner
@@ -58,6 +59,7 @@ class _Connection:
     def __init__(self) -> None:
         self.session: Session | None = None
         self.authorized = False
+        self.owner: int | None = None  # index of the token this connection showed
         self.closing = False
 
 
@@ -83,7 +85,9 @@ class EnvServer:
 
     Args:
         env: the environment to serve.
-        token: when set, ``hello`` and ``tunnel.open`` must present it.
+        token: when set, ``hello`` and ``tunnel.open`` must present it. Several tokens (one per
+            tenant) may be given: a session is then bound to the token that created it, and only a
+            connection showing that same token can resume or adopt it.
         park_ttl_s: how long a disconnected session is kept before its teardown runs.
         max_line_bytes: frame size limit; a bigger frame gets an error and the connection closes.
     """
@@ -92,12 +96,15 @@ class EnvServer:
         self,
         env: Environment,
         *,
-        token: str | None = None,
+        token: str | Sequence[str] | None = None,
         park_ttl_s: float = 3600.0,
         max_line_bytes: int = DEFAULT_MAX_LINE_BYTES,
     ) -> None:
         self.env = env
         self.token = token
+        self._tokens: tuple[str, ...] = () if token is None else (token,) if isinstance(token, str) else tuple(token)
+        if token is not None and (not self._tokens or not all(isinstance(t, str) and t for t in self._tokens)):
+            raise ConfigError("a token must be a non-empty string")
         self.max_line_bytes = max_line_bytes
         self.sessions = SessionTable(park_ttl_s)
         self.grade_count = 0
@@ -152,6 +159,8 @@ class EnvServer:
         if isinstance(event, FrameError):
             return error_frame(event.id, event.code, event.message)
         request_id = event.get("id")
+        if not valid_request_id(request_id):
+            return error_frame(None, ErrorCode.INVALID_REQUEST, "a request id must be a string, a number or null")
         try:
             result = await self._call(conn, event)
         except ProtocolError as exc:
@@ -195,8 +204,20 @@ class EnvServer:
         if conn.session is None:
             if self.token is not None and not conn.authorized:
                 raise _fail(ErrorCode.UNAUTHORIZED, "unauthorized: send hello with the token first")
-            conn.session = self.sessions.create()
+            conn.session = self.sessions.create(owner=conn.owner)
         return conn.session
+
+    def _match_token(self, presented: str | None) -> int | None:
+        """Index of the server token equal to ``presented``; every token is compared in constant time."""
+        given = (presented or "").encode()
+        found: int | None = None
+        for index, token in enumerate(self._tokens):
+            if hmac.compare_digest(given, token.encode()) and found is None:
+                found = index
+        return found
+
+    def _tunnel_allowed(self, presented: str | None) -> bool:
+        return self.token is None or self._match_token(presented) is not None
 
     def _hello_result(self, session: Session) -> dict[str, Any]:
         return HelloResult(
@@ -208,16 +229,17 @@ class EnvServer:
 
     async def _hello(self, conn: _Connection, p: HelloParams) -> dict[str, Any]:
         if self.token is not None and not conn.authorized:
-            if not hmac.compare_digest((p.token or "").encode(), self.token.encode()):
+            owner = self._match_token(p.token)
+            if owner is None:
                 raise _fail(ErrorCode.UNAUTHORIZED, "unauthorized: missing or wrong token")
-            conn.authorized = True
+            conn.authorized, conn.owner = True, owner
         if p.protocol is not None and p.protocol != PROTOCOL_VERSION:
             raise _fail(ErrorCode.INVALID_REQUEST, f"protocol {p.protocol} unsupported (server speaks {PROTOCOL_VERSION})")
         current = conn.session
         if p.session_id is None or (current is not None and current.id == p.session_id):
             return self._hello_result(self._ensure_session(conn))
         target = self.sessions.get(p.session_id)
-        if target is None:
+        if target is None or target.owner != conn.owner:  # another token's session: not yours to see
             raise _fail(ErrorCode.INVALID_REQUEST, f"unknown session {p.session_id}")
         if target.state is SessionState.LIVE:
             raise _fail(ErrorCode.INVALID_REQUEST, f"session {p.session_id} is live on another connection")
@@ -258,7 +280,7 @@ class EnvServer:
         The adopted session keeps its id, so a client that knows it can still resume it (and
         get the cached grade); the connection's own task-less session is closed.
         """
-        parked = [s for s in self.sessions.parked_with_task() if s is not current]
+        parked = [s for s in self.sessions.parked_with_task() if s is not current and s.owner == conn.owner]
         if not parked:
             raise _fail(ErrorCode.INVALID_REQUEST, "no task in progress")
         if len(parked) > 1:
@@ -303,7 +325,7 @@ class EnvServer:
                 first = proto.events_received()
             head = first[0] if first else None
             if isinstance(head, dict) and head.get("method") == Method.TUNNEL_OPEN.value:
-                await serve_tunnel(self.env, self.token, head, proto, reader, writer)
+                await serve_tunnel(self.env, self._tunnel_allowed, head, proto, reader, writer)
             else:
                 proto.lift_frame_limit()
                 first += proto.events_received()
@@ -348,7 +370,11 @@ class EnvServer:
             while (event := await queue.get()) is not None:
                 reply = await self.handle(conn, event)
                 if reply is not None:
-                    proto.send(reply)
+                    try:
+                        proto.send(reply)
+                    except (ValueError, TypeError, RecursionError) as exc:  # e.g. a task echoed NaN
+                        message = f"the reply could not be encoded as JSON: {type(exc).__name__}"
+                        proto.send(error_frame(reply.get("id"), ErrorCode.INTERNAL_ERROR, message))
                     writer.write(proto.data_to_send())
                     await writer.drain()
                 if conn.closing or (isinstance(event, FrameError) and event.fatal):
@@ -373,7 +399,7 @@ async def serving(
     host: str = "127.0.0.1",
     port: int = 0,
     *,
-    token: str | None = None,
+    token: str | Sequence[str] | None = None,
     park_ttl_s: float = 3600.0,
     max_line_bytes: int = DEFAULT_MAX_LINE_BYTES,
 ) -> AsyncIterator[EnvServer]:
@@ -397,7 +423,7 @@ async def serve(
     host: str = "127.0.0.1",
     port: int = 0,
     *,
-    token: str | None = None,
+    token: str | Sequence[str] | None = None,
     park_ttl_s: float = 3600.0,
     max_line_bytes: int = DEFAULT_MAX_LINE_BYTES,
 ) -> None:

@@ -39,8 +39,9 @@ _ALLOWED: dict[SessionState, set[SessionState]] = {
 class Session:
     """One client session and its (optional) task runner."""
 
-    def __init__(self, id: str) -> None:
+    def __init__(self, id: str, owner: int | None = None) -> None:
         self.id = id
+        self.owner = owner  # which server token created it (None without tokens)
         self.state = SessionState.LIVE
         self.runner: TaskRunner | None = None
         self._expiry: asyncio.Task[None] | None = None
@@ -75,13 +76,13 @@ class SessionTable:
     def get(self, session_id: str) -> Session | None:
         return self._sessions.get(session_id)
 
-    def create(self) -> Session:
-        """A new live session with a fresh id."""
+    def create(self, owner: int | None = None) -> Session:
+        """A new live session with a fresh id, bound to token ``owner``."""
         while True:
             sid = f"sess-{secrets.token_hex(8)}"
             if sid not in self._sessions:
                 break
-        session = Session(sid)
+        session = Session(sid, owner)
         self._sessions[sid] = session
         return session
 

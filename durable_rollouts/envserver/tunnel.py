@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hmac
+from collections.abc import Callable
 from typing import Any
 from urllib.parse import urlsplit
 
 from pydantic import ValidationError
 
-from ..protocol import ErrorCode, LineProtocol, TunnelOpenParams, error_frame, result_frame
+from ..protocol import ErrorCode, LineProtocol, TunnelOpenParams, error_frame, result_frame, valid_request_id
 from .environment import Environment
 
 __all__ = ["capability_address", "pipe", "serve_tunnel"]
@@ -63,7 +63,7 @@ async def pipe(
 
 async def serve_tunnel(
     env: Environment,
-    token: str | None,
+    authorize: Callable[[str | None], bool],
     frame: dict[str, Any],
     proto: LineProtocol,
     reader: asyncio.StreamReader,
@@ -71,12 +71,19 @@ async def serve_tunnel(
 ) -> None:
     """Handle a connection whose first frame is ``tunnel.open`` (see module docstring)."""
     request_id = frame.get("id")
+    answer = "id" in frame  # JSON-RPC: a notification gets no reply, not even an error
 
     async def fail(code: int, message: str) -> None:
-        proto.send(error_frame(request_id, code, message))
-        writer.write(proto.data_to_send())
-        with contextlib.suppress(OSError):
-            await writer.drain()
+        if answer:
+            proto.send(error_frame(request_id, code, message))
+            writer.write(proto.data_to_send())
+            with contextlib.suppress(OSError):
+                await writer.drain()
+
+    if not valid_request_id(request_id):
+        request_id = None
+        await fail(ErrorCode.INVALID_REQUEST, "a request id must be a string, a number or null")
+        return
 
     params_in = frame.get("params") or {}
     try:
@@ -84,7 +91,7 @@ async def serve_tunnel(
     except ValidationError as exc:
         await fail(ErrorCode.INVALID_PARAMS, f"bad tunnel.open params: {exc.errors()[0]['msg']}")
         return
-    if token is not None and not hmac.compare_digest((params.token or "").encode(), token.encode()):
+    if not authorize(params.token):  # the server compares tokens in constant time
         await fail(ErrorCode.UNAUTHORIZED, "unauthorized: missing or wrong token")
         return
     try:
@@ -101,8 +108,9 @@ async def serve_tunnel(
     except OSError as exc:
         await fail(ErrorCode.INTERNAL_ERROR, f"capability {params.capability!r} unreachable: {exc}")
         return
-    proto.send(result_frame(request_id, {"capability": capability.name}))
-    writer.write(proto.data_to_send())
+    if answer:
+        proto.send(result_frame(request_id, {"capability": capability.name}))
+        writer.write(proto.data_to_send())
     leftover = proto.take_buffered()
     if leftover:
         upstream[1].write(leftover)

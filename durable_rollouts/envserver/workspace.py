@@ -66,7 +66,7 @@ class Mount:
 
     @classmethod
     def parse(cls, spec: Mount | str | tuple[str, str] | dict[str, Any]) -> Mount:
-        """Accept ``Mount``, ``"SRC:DST[:rw|ro]"``, ``(src, dst)`` or ``{source, target, writable}``."""
+        """A Mount, ``"SRC:DST[:rw|ro]"``, ``(src, dst)`` or ``{source, target, writable}``."""
         if isinstance(spec, Mount):
             return spec
         if isinstance(spec, dict):
@@ -96,11 +96,22 @@ def _warn_no_isolation(reason: str) -> None:
 
 
 class _SSHServer(asyncssh.SSHServer):
-    """Public-key auth only: the one generated client key, for the one configured user."""
+    """Public-key auth only (the one generated client key, the one user); no forwarding."""
 
-    def __init__(self, user: str, client_public: asyncssh.SSHKey) -> None:
+    def __init__(self, user: str, client_public: asyncssh.SSHKey,
+                 live: set[asyncssh.SSHServerConnection]) -> None:
         self._user = user
         self._client_public = client_public.export_public_key()
+        self._live = live
+        self._conn: asyncssh.SSHServerConnection | None = None
+
+    def connection_made(self, conn: asyncssh.SSHServerConnection) -> None:
+        self._conn = conn
+        self._live.add(conn)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self._conn is not None:
+            self._live.discard(self._conn)
 
     def begin_auth(self, username: str) -> bool:
         return True
@@ -116,6 +127,19 @@ class _SSHServer(asyncssh.SSHServer):
 
     def validate_public_key(self, username: str, key: asyncssh.SSHKey) -> bool:
         return username == self._user and key.export_public_key() == self._client_public
+
+    # No forwarding of any kind: it would hand the sandboxed agent the env host's network.
+    def connection_requested(self, *args: Any) -> bool:
+        return False
+
+    def server_requested(self, *args: Any) -> bool:
+        return False
+
+    def unix_connection_requested(self, *args: Any) -> bool:
+        return False
+
+    def unix_server_requested(self, *args: Any) -> bool:
+        return False
 
 
 class Workspace:
@@ -164,6 +188,7 @@ class Workspace:
         self.capability: Capability | None = None
         self._acceptor: asyncssh.SSHAcceptor | None = None
         self._procs: set[asyncio.subprocess.Process] = set()
+        self._conns: set[asyncssh.SSHServerConnection] = set()
         self._temp_root = False
 
     # -- lifecycle -----------------------------------------------------------------------------
@@ -183,7 +208,7 @@ class Workspace:
         client_key = asyncssh.generate_private_key("ssh-ed25519")
         client_public = client_key.convert_to_public()
         self._acceptor = await asyncssh.create_server(
-            lambda: _SSHServer(self.user, client_public),
+            lambda: _SSHServer(self.user, client_public, self._conns),
             "127.0.0.1",
             0,
             server_host_keys=[host_key],
@@ -221,6 +246,8 @@ class Workspace:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self._acceptor.wait_closed(), 5)
             self._acceptor = None
+        for conn in list(self._conns):
+            conn.close()
         for proc in list(self._procs):
             _kill_group(proc)
         self.capability = None
@@ -234,6 +261,9 @@ class Workspace:
     async def _choose_isolation(self) -> Literal["bwrap", "none"]:
         if self.requested_isolation == "none":
             return "none"
+        for m in self.mounts:  # a typo in a mount must fail loudly, never disable the sandbox
+            if not Path(m.source).exists():
+                raise EnvError(f"workspace {self.name!r}: mount source {m.source} does not exist")
         reason = "bwrap is not installed"
         if bwrap_available():
             probe = await asyncio.create_subprocess_exec(
@@ -245,8 +275,9 @@ class Workspace:
             )
             try:
                 _, err = await asyncio.wait_for(probe.communicate(), 10)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 probe.kill()
+                await probe.wait()
                 err = b"probe timed out"
             if probe.returncode == 0:
                 return "bwrap"
@@ -264,7 +295,10 @@ class Workspace:
         The sandbox starts from an empty environment plus ``env`` (PATH and HOME are set).
         """
         assert self.root is not None
-        argv = ["bwrap", "--die-with-parent", "--new-session", "--unshare-all"]
+        # No --new-session: the command has no terminal (so no TIOCSTI risk) and must stay in
+        # bwrap's process group, so one killpg reaches it even if bwrap dies before the child
+        # armed --die-with-parent; whatever leaves the group dies with the pid namespace.
+        argv = ["bwrap", "--die-with-parent", "--unshare-all"]
         if self.network:
             argv.append("--share-net")
         argv += ["--unshare-user", "--uid", "1000", "--gid", "1000", "--clearenv"]
@@ -299,7 +333,8 @@ class Workspace:
         """
         assert self.root is not None, "the workspace has not started"
         if self.isolation == "bwrap":
-            return shlex.join(self.sandbox_argv([self.shell, "-lc", command], mounts=mounts, env=env))
+            argv = self.sandbox_argv([self.shell, "-lc", command], mounts=mounts, env=env)
+            return shlex.join(argv)
         exports = "".join(f"export {k}={shlex.quote(v)}; " for k, v in (env or {}).items())
         return f"cd {shlex.quote(str(self.root))} && {exports}{command}"
 
@@ -325,16 +360,21 @@ class Workspace:
             return
         requested = {str(k): str(v) for k, v in dict(process.env).items()}
         cwd = None if self.isolation == "bwrap" else str(self.root)
+        spawn = asyncio.ensure_future(asyncio.create_subprocess_exec(
+            *self._command_argv(process.command, requested),
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            cwd=cwd,
+            env=self._environ(requested),
+            start_new_session=True,
+        ))
         try:
-            proc = await asyncio.create_subprocess_exec(
-                *self._command_argv(process.command, requested),
-                stdin=asyncio.subprocess.PIPE,
-                stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.PIPE,
-                cwd=cwd,
-                env=self._environ(requested),
-                start_new_session=True,
-            )
+            proc = await asyncio.shield(spawn)
+        except asyncio.CancelledError:  # the session went away while the command was starting
+            with contextlib.suppress(BaseException):
+                _kill_group(await spawn)
+            raise
         except OSError as exc:
             process.stderr.write(f"cannot start command: {exc}\n".encode())
             process.exit(127)
@@ -344,19 +384,29 @@ class Workspace:
         feed = asyncio.create_task(_copy_in(process, proc.stdin))
         outs = [asyncio.create_task(_copy_out(proc.stdout, process.stdout)),
                 asyncio.create_task(_copy_out(proc.stderr, process.stderr))]
-        status: int
+        exited = asyncio.create_task(proc.wait())
+        hangup = asyncio.create_task(process.channel.wait_closed())
         try:
-            status = await asyncio.wait_for(proc.wait(), self.timeout_s)
-        except asyncio.TimeoutError:
-            _kill_group(proc)
-            await proc.wait()
-            process.stderr.write(f"\ncommand killed after {self.timeout_s:g}s timeout\n".encode())
-            status = TIMEOUT_EXIT_STATUS
+            await asyncio.wait({exited, hangup}, timeout=self.timeout_s,
+                               return_when=asyncio.FIRST_COMPLETED)
+            if not exited.done():  # timed out, or the client went away: no orphans either way
+                _kill_group(proc)
+                await exited
+                if hangup.done():
+                    for task in outs:
+                        task.cancel()
+                    return
+                note = f"\ncommand killed after {self.timeout_s:g}s timeout\n"
+                process.stderr.write(note.encode())
+                status = TIMEOUT_EXIT_STATUS
+            else:
+                status = exited.result()
         finally:
             self._procs.discard(proc)
-            if proc.returncode is None:  # the ssh session went away: do not leave orphans
+            if proc.returncode is None:
                 _kill_group(proc)
-            feed.cancel()
+            for task in (feed, hangup, exited):
+                task.cancel()
         # Drain what the command wrote; a background child holding the pipes open is not waited for.
         await asyncio.wait(outs, timeout=2)
         for task in outs:

@@ -20,6 +20,8 @@ from types import TracebackType
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
+from pydantic import ValidationError
+
 from ..errors import (
     ConfigError,
     ConnectionLostError,
@@ -31,6 +33,7 @@ from ..protocol import (
     EnvInfo,
     ErrorCode,
     FrameError,
+    HelloResult,
     LineProtocol,
     Method,
     error_from_frame,
@@ -147,15 +150,23 @@ class EnvClient:
         if result.get("protocol") != PROTOCOL_VERSION:
             self._drop()
             raise ProtocolError(ErrorCode.INTERNAL_ERROR, f"server speaks protocol {result.get('protocol')!r}")
-        self.session_id = result["session_id"]
-        self.env = EnvInfo.model_validate(result["env"])
-        self.bindings = list(result.get("bindings") or [])
+        try:
+            info = HelloResult.model_validate({**result, "bindings": result.get("bindings") or []})
+        except ValidationError as exc:
+            self._drop()
+            raise ProtocolError(ErrorCode.INTERNAL_ERROR, f"malformed hello reply: {exc.errors()[0]['msg']}") from None
+        self.session_id = info.session_id
+        self.env = info.env
+        self.bindings = info.bindings
         await self._start_forwarders()
         return result
 
     async def list_tasks(self) -> list[dict[str, Any]]:
         """The ``tasks.list`` entries."""
-        return list((await self._call(Method.TASKS_LIST))["tasks"])
+        tasks = (await self._call(Method.TASKS_LIST)).get("tasks")
+        if not isinstance(tasks, list):
+            raise ProtocolError(ErrorCode.INTERNAL_ERROR, f"malformed tasks.list reply: {str(tasks)[:100]}")
+        return tasks
 
     async def start_task(self, id: str, args: dict[str, Any] | None = None) -> dict[str, Any]:
         """Start task ``id``; returns the prompt frame."""

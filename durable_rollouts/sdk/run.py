@@ -11,6 +11,7 @@ import json
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from ..errors import InvalidStateError
 from ..models import Grade, RolloutResult, Task, Trace, TraceRef
 
 if TYPE_CHECKING:
@@ -50,6 +51,28 @@ class Run:
     error: str | None = None
     error_phase: str | None = None
     trace_ref: TraceRef | None = None
+    _opened: dict[str, Any] = field(default_factory=dict, repr=False)
+
+    async def open(self, name: str) -> Any:
+        """Open capability ``name`` (an asyncssh connection for ssh, a fastmcp Client for mcp).
+
+        Opened handles are cached per run and closed when the agent step ends.
+        """
+        if self.client is None:
+            raise InvalidStateError("run.open() needs a connected run (only while the agent runs)")
+        if name not in self._opened:
+            from .capabilities import open_capability
+
+            self._opened[name] = await open_capability(self.client, name)
+        return self._opened[name]
+
+    async def close_capabilities(self) -> None:
+        """Close every capability handle opened through :meth:`open`."""
+        from .capabilities import close_capability
+
+        opened, self._opened = self._opened, {}
+        for handle in opened.values():
+            await close_capability(handle)
 
     def __post_init__(self) -> None:
         if not self.slug and self.task is not None:

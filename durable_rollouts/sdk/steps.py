@@ -228,6 +228,8 @@ async def execute_agent(agent: Agent, inp: AgentInput, *,
             beat.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await beat
+        with contextlib.suppress(Exception):
+            await run.close_capabilities()
         run.client = None
         with contextlib.suppress(Exception):
             await client.close()  # no bye: the session parks for the grade step

@@ -1,0 +1,46 @@
+"""Shared set-up of the benchmarks: a private ROLLOUTS_HOME, the embedded server, tasks, RSS.
+
+Benchmarks stay out of pytest. Each run uses a fresh ``ROLLOUTS_HOME`` (a new sqlite file), starts
+the embedded dev server exactly as ``rollouts run`` does, and stops it at the end.
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+LETTERS = str(ROOT / "examples" / "letters" / "env.py")
+
+
+@contextmanager
+def private_home() -> Iterator[Path]:
+    home = Path(tempfile.mkdtemp(prefix="rollouts-bench-"))
+    os.environ["ROLLOUTS_HOME"] = str(home)
+    os.environ.pop("ROLLOUTS_TEMPORAL_ADDRESS", None)
+    try:
+        yield home
+    finally:
+        from durable_rollouts.sdk.temporal import stop_dev_server
+
+        stop_dev_server(home)
+
+
+def letter_tasks(n: int) -> list:
+    from durable_rollouts.models import Task
+
+    return [Task(env="letters", id="count_letter", args={"word": f"w{i}rr", "letter": "r"}, source=LETTERS)
+            for i in range(n)]
+
+
+def peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]

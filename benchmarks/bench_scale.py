@@ -1,0 +1,58 @@
+"""Scale: N trivial rollouts through the durable path (embedded server + in-process worker).
+
+Reports wall time, rollouts/s, the worker's peak RSS (this process) and the longest history of
+any workflow run (TasksetRun runs after continue-as-new, and Rollout children).
+
+    python benchmarks/bench_scale.py --n 10000 --concurrency 256
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import time
+
+from _common import LETTERS, letter_tasks, peak_rss_mb, private_home
+
+
+async def main(n: int, concurrency: int, sample: int) -> None:
+    from durable_rollouts.sdk.agents import FixedAgent
+    from durable_rollouts.sdk.orchestrate import _client, shutdown_embedded, start_job
+    from durable_rollouts.sdk.providers import LocalRuntime
+    from durable_rollouts.sdk.taskset import Taskset
+
+    taskset = Taskset("scale", letter_tasks(n))
+    t0 = time.perf_counter()
+    handle = await start_job(taskset, FixedAgent(answer="2"), runtime=LocalRuntime(LETTERS),
+                             max_concurrent=concurrency)
+    job = await handle.wait()
+    wall = time.perf_counter() - t0
+    rss = peak_rss_mb()
+    client, _ = await _client(None)
+    parent_max, child_max, runs = 0, 0, 0
+    async for wf in client.list_workflows(f'RolloutsJobId = "{job.id}"'):
+        if wf.workflow_type == "TasksetRun":
+            runs += 1
+            parent_max = max(parent_max, wf.history_length)
+        elif sample > 0:
+            sample -= 1
+            child_max = max(child_max, wf.history_length)
+    counts = job.status_counts()
+    await shutdown_embedded()
+    print(f"rollouts            {n} (concurrency {concurrency})")
+    print(f"statuses            {counts}")
+    print(f"wall time           {wall:.1f} s")
+    print(f"throughput          {n / wall:.1f} rollouts/s")
+    print(f"peak RSS (worker+client, one process) {rss:.0f} MiB")
+    print(f"TasksetRun runs     {runs} (continue-as-new {runs - 1}x); max history {parent_max} events")
+    print(f"Rollout history     max {child_max} events (sampled children)")
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--n", type=int, default=10_000)
+    parser.add_argument("--concurrency", type=int, default=256)
+    parser.add_argument("--sample", type=int, default=200, help="children whose history to check")
+    args = parser.parse_args()
+    with private_home():
+        asyncio.run(main(args.n, args.concurrency, args.sample))

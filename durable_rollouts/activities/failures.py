@@ -1,0 +1,36 @@
+"""Map durable_rollouts errors to Temporal failures, at one edge (every activity uses it).
+
+- ``ConfigError`` (a user mistake) -> non-retryable ``ApplicationError(type="ConfigError")``;
+- ``SubstrateGoneError`` -> non-retryable ``ApplicationError(type="SubstrateGone")``: retrying the
+  same step cannot help, the ``Rollout`` workflow reacts by reprovisioning;
+- anything else is re-raised unchanged and retried with backoff (infrastructure).
+
+Imports only temporalio and ``durable_rollouts.errors``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from temporalio.exceptions import ApplicationError
+
+from durable_rollouts.errors import ConfigError, SubstrateGoneError
+
+__all__ = ["CONFIG_ERROR", "SUBSTRATE_GONE", "map_errors"]
+
+CONFIG_ERROR = "ConfigError"
+SUBSTRATE_GONE = "SubstrateGone"
+
+
+@contextmanager
+def map_errors() -> Iterator[None]:
+    """Translate the package's permanent errors into typed Temporal application errors."""
+    try:
+        yield
+    except ConfigError as err:
+        raise ApplicationError(str(err) or type(err).__name__, type=CONFIG_ERROR,
+                               non_retryable=True) from err
+    except SubstrateGoneError as err:
+        raise ApplicationError(str(err) or "substrate gone", type=SUBSTRATE_GONE,
+                               non_retryable=True) from err

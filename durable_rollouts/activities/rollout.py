@@ -1,0 +1,161 @@
+"""Activities of the ``Rollout`` workflow: thin wrappers over ``durable_rollouts.sdk.steps``.
+
+One class built with its dependencies (the worker's queues, the trace store); one pydantic input
+per activity; errors mapped at one edge (``failures.map_errors``). Long steps heartbeat from a
+background beat, so a killed worker is noticed within the heartbeat timeout and the step retries
+elsewhere. ``provision`` decides where the later steps of a rollout run (``Endpoint.task_queue``)
+from the provider's locality and this worker's queues.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from temporalio import activity
+
+from durable_rollouts.activities.failures import map_errors
+from durable_rollouts.activities.faults import maybe_crash
+from durable_rollouts.models import (
+    AgentInput,
+    AgentResult,
+    ConnectInput,
+    Endpoint,
+    Grade,
+    GradeInput,
+    ProvisionInput,
+    Session,
+    StartInput,
+    TeardownInput,
+    VerifyInput,
+)
+from durable_rollouts.sdk import steps
+from durable_rollouts.sdk.providers import provider_from_spec
+from durable_rollouts.sdk.tracestore import TraceStore
+from durable_rollouts.workflows.types import (
+    ACT_AGENT,
+    ACT_CONNECT,
+    ACT_GRADE,
+    ACT_PROVISION,
+    ACT_START,
+    ACT_TEARDOWN,
+    ACT_VERIFY,
+    DEFAULT_TASK_QUEUE,
+)
+
+__all__ = ["Queues", "RolloutActivities"]
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Queues:
+    """The task queues one worker polls.
+
+    Args:
+        shared: the queue every worker polls (workflows and global-locality steps).
+        host: this host's queue for host-local substrates (subprocesses); None = ``shared``
+            (single-host mode, which keeps eager activity dispatch).
+        process: this process's queue for in-process substrates; None = ``host``.
+    """
+
+    shared: str = DEFAULT_TASK_QUEUE
+    host: str | None = None
+    process: str | None = None
+
+    def for_locality(self, locality: str) -> str | None:
+        if locality == "global":
+            return None
+        if locality == "host":
+            return self.host or self.shared
+        return self.process or self.host or self.shared
+
+    @property
+    def extra(self) -> list[str]:
+        """Queues besides ``shared`` that this worker must also poll (activities only)."""
+        return sorted({q for q in (self.host, self.process) if q and q != self.shared})
+
+
+class RolloutActivities:
+    """The rollout steps as activities.
+
+    Args:
+        queues: this worker's queues (used by ``provision`` to pin host/process substrates).
+        trace_store: where the agent step puts full traces (claim check); default store if None.
+        beat_s: interval of the background heartbeat of long steps.
+    """
+
+    def __init__(self, queues: Queues | None = None, trace_store: TraceStore | None = None,
+                 beat_s: float = 1.0) -> None:
+        self.queues = queues or Queues()
+        self.trace_store = trace_store or TraceStore()
+        self.beat_s = beat_s
+
+    def all(self) -> list[Any]:
+        return [self.provision, self.connect, self.start, self.agent, self.grade, self.verify,
+                self.teardown]
+
+    async def _beating(self, step: Awaitable[T]) -> T:
+        """Await ``step`` while heartbeating every ``beat_s`` (cancels it if we are cancelled)."""
+        task = asyncio.ensure_future(step)
+        try:
+            while True:
+                done, _ = await asyncio.wait({task}, timeout=self.beat_s)
+                if done:
+                    return task.result()
+                if not activity.info().is_local:
+                    activity.heartbeat()
+        finally:
+            if not task.done():
+                task.cancel()
+                try:
+                    await task
+                except BaseException:  # noqa: BLE001 - already leaving with the outer error
+                    pass
+
+    @activity.defn(name=ACT_PROVISION)
+    async def provision(self, inp: ProvisionInput) -> Endpoint:
+        with map_errors():
+            endpoint = await self._beating(steps.provision(inp))
+            if endpoint.task_queue is None:
+                locality = getattr(provider_from_spec(inp.provider), "locality", "global")
+                endpoint.task_queue = self.queues.for_locality(locality)
+        maybe_crash("after_provision")
+        return endpoint
+
+    @activity.defn(name=ACT_CONNECT)
+    async def connect(self, inp: ConnectInput) -> Session:
+        with map_errors():
+            return await steps.connect(inp)
+
+    @activity.defn(name=ACT_START)
+    async def start(self, inp: StartInput) -> dict[str, Any]:
+        with map_errors():
+            return await steps.start(inp)
+
+    @activity.defn(name=ACT_AGENT)
+    async def agent(self, inp: AgentInput) -> AgentResult:
+        with map_errors():
+            result = await self._beating(
+                steps.run_agent(inp, heartbeat=activity.heartbeat, trace_store=self.trace_store))
+        maybe_crash("after_agent")
+        return result
+
+    @activity.defn(name=ACT_GRADE)
+    async def grade(self, inp: GradeInput) -> Grade:
+        with map_errors():
+            grade = await self._beating(steps.grade(inp))
+        maybe_crash("after_grade")  # test-only: the env graded, the result is not recorded yet
+        return grade
+
+    @activity.defn(name=ACT_VERIFY)
+    async def verify(self, inp: VerifyInput) -> Grade:
+        with map_errors():
+            return await self._beating(steps.verify(inp))
+
+    @activity.defn(name=ACT_TEARDOWN)
+    async def teardown(self, inp: TeardownInput) -> None:
+        with map_errors():
+            await steps.teardown(inp)

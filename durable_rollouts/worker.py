@@ -1,0 +1,163 @@
+"""Build and run the Temporal worker: every workflow and activity, listed explicitly.
+
+``build_worker(client, task_queue=..., host_queue=..., process_queue=...)`` returns a
+``RolloutWorker`` polling the shared queue (workflows + activities) and, when different, this
+host's and this process's queues (activities of host-/process-local substrates). Run it with
+``await worker.run()`` or ``async with worker:``. ``python -m durable_rollouts.worker --temporal
+HOST:PORT [--task-queue Q] [--host-queue auto|NAME]`` runs one as its own process (crash tests
+SIGKILL these); SIGTERM/SIGINT shut it down gracefully.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import socket
+from datetime import timedelta
+from typing import Any
+
+from temporalio.client import Client
+from temporalio.worker import Worker
+from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
+
+from durable_rollouts.activities import Queues, RolloutActivities, TasksetActivities
+from durable_rollouts.sdk.tracestore import TraceStore
+from durable_rollouts.workflows import Rollout, TasksetRun
+from durable_rollouts.workflows.types import DEFAULT_TASK_QUEUE
+
+__all__ = ["RolloutWorker", "build_worker", "host_queue_name", "main", "process_queue_name", "run_worker"]
+
+log = logging.getLogger(__name__)
+
+WORKFLOWS = [TasksetRun, Rollout]
+
+
+def host_queue_name(task_queue: str = DEFAULT_TASK_QUEUE) -> str:
+    return f"{task_queue}@{socket.gethostname()}"
+
+
+def process_queue_name(task_queue: str = DEFAULT_TASK_QUEUE) -> str:
+    return f"{task_queue}@{socket.gethostname()}:{os.getpid()}"
+
+
+class RolloutWorker:
+    """One or more temporalio Workers (shared queue + this host's/process's queues)."""
+
+    def __init__(self, workers: list[Worker], queues: Queues) -> None:
+        self.workers = workers
+        self.queues = queues
+        self._task: asyncio.Task[Any] | None = None
+
+    async def run(self) -> None:
+        await asyncio.gather(*(w.run() for w in self.workers))
+
+    async def shutdown(self) -> None:
+        await asyncio.gather(*(w.shutdown() for w in self.workers), return_exceptions=True)
+        if self._task is not None:
+            with contextlib.suppress(BaseException):
+                await self._task
+
+    async def __aenter__(self) -> RolloutWorker:
+        self._task = asyncio.ensure_future(self.run())
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.shutdown()
+
+
+def build_worker(client: Client, *, task_queue: str = DEFAULT_TASK_QUEUE, host_queue: str | None = None,
+                 process_queue: str | None = None, max_concurrent_activities: int = 500,
+                 max_concurrent_workflow_tasks: int | None = None, trace_store: TraceStore | None = None,
+                 sandbox: bool | None = None, identity: str | None = None,
+                 graceful_shutdown_s: float = 5.0) -> RolloutWorker:
+    """Build (not start) the worker for ``client``.
+
+    Args:
+        client: a client made with the pydantic data converter (``sdk.temporal.connect_client``).
+        task_queue: the shared queue (workflows and global-locality steps).
+        host_queue: this host's queue for host-local substrates; None = ``task_queue``
+            (single-host mode, which keeps eager activity dispatch); ``"auto"`` = ``<queue>@<host>``.
+        process_queue: this process's queue for in-process substrates; None = ``host_queue``;
+            ``"auto"`` = ``<queue>@<host>:<pid>``.
+        max_concurrent_activities: activity slots per polled queue (agents mostly wait on I/O).
+        sandbox: run workflows in temporalio's sandbox or unsandboxed (faster); None reads
+            ``ROLLOUTS_WORKFLOW_SANDBOX`` (default off: these workflows import only pure models,
+            and the purity and replay tests guard them; the sandbox costs ~30% worker CPU).
+    """
+    if host_queue == "auto":
+        host_queue = host_queue_name(task_queue)
+    if process_queue == "auto":
+        process_queue = process_queue_name(task_queue)
+    if sandbox is None:
+        sandbox = os.environ.get("ROLLOUTS_WORKFLOW_SANDBOX", "0") not in ("0", "false", "no")
+    queues = Queues(shared=task_queue, host=host_queue, process=process_queue)
+    rollout = RolloutActivities(queues, trace_store=trace_store)
+    activities = [*rollout.all(), *TasksetActivities().all()]
+    runner = SandboxedWorkflowRunner(
+        restrictions=SandboxRestrictions.default.with_passthrough_modules("durable_rollouts"))
+    common: dict[str, Any] = dict(
+        max_concurrent_activities=max_concurrent_activities,
+        max_concurrent_local_activities=max_concurrent_activities,
+        max_heartbeat_throttle_interval=timedelta(seconds=2),
+        default_heartbeat_throttle_interval=timedelta(seconds=2),
+        graceful_shutdown_timeout=timedelta(seconds=graceful_shutdown_s),
+        identity=identity,
+    )
+    workers = [Worker(
+        client, task_queue=task_queue, workflows=WORKFLOWS, activities=activities,
+        workflow_runner=runner if sandbox else _unsandboxed(),
+        max_concurrent_workflow_tasks=max_concurrent_workflow_tasks,
+        sticky_queue_schedule_to_start_timeout=timedelta(seconds=5),
+        **common,
+    )]
+    for queue in queues.extra:
+        workers.append(Worker(client, task_queue=queue, activities=rollout.all(), **common))
+    return RolloutWorker(workers, queues)
+
+
+def _unsandboxed() -> Any:
+    from temporalio.worker import UnsandboxedWorkflowRunner
+
+    return UnsandboxedWorkflowRunner()
+
+
+async def run_worker(address: str | None = None, *, task_queue: str = DEFAULT_TASK_QUEUE,
+                     host_queue: str | None = None, process_queue: str | None = "auto",
+                     max_concurrent_activities: int = 500, stop: asyncio.Event | None = None) -> None:
+    """Connect and run a worker until ``stop`` is set or SIGTERM/SIGINT arrives."""
+    from durable_rollouts.sdk.temporal import connect_client
+
+    client = await connect_client(address)
+    worker = build_worker(client, task_queue=task_queue, host_queue=host_queue,
+                          process_queue=process_queue, max_concurrent_activities=max_concurrent_activities)
+    stop = stop or asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(sig, stop.set)
+    async with worker:
+        log.info("worker polling %s (+%s)", task_queue, ", ".join(worker.queues.extra) or "no extra queues")
+        print(f"ROLLOUTS_WORKER_READY queue={task_queue}", flush=True)
+        await stop.wait()
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m durable_rollouts.worker")
+    parser.add_argument("--temporal", default=None, help="HOST:PORT (default: embedded dev server)")
+    parser.add_argument("--task-queue", default=DEFAULT_TASK_QUEUE)
+    parser.add_argument("--host-queue", default=None, help="'auto' = <queue>@<hostname>")
+    parser.add_argument("--process-queue", default="auto", help="'auto' = <queue>@<host>:<pid>")
+    parser.add_argument("--max-concurrent-activities", type=int, default=500)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=os.environ.get("ROLLOUTS_LOG_LEVEL", "WARNING"))
+    asyncio.run(run_worker(args.temporal, task_queue=args.task_queue, host_queue=args.host_queue,
+                           process_queue=args.process_queue,
+                           max_concurrent_activities=args.max_concurrent_activities))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,343 @@
+"""The ``Rollout`` child workflow: provision -> connect -> start -> agent -> grade -> [verify] -> teardown.
+
+Deterministic: imports only stdlib, temporalio, pydantic and the pure data models; activities
+are referenced by name (``durable_rollouts.workflows.types``). Ordinary failures never fail the
+workflow: they come back as a ``RolloutResult`` with ``status`` and ``error_phase`` so the parent
+can count them. A ``SubstrateGone`` failure (connection refused, unknown session, a host queue
+nobody polls any more) tears the old substrate down and starts a new rollout attempt, up to
+``max_attempts``; every attempt's error is recorded. Teardown always runs, also on cancel.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import timedelta
+from typing import Any
+
+from temporalio import workflow
+from temporalio.common import RetryPolicy
+from temporalio.exceptions import (
+    ActivityError,
+    ApplicationError,
+    CancelledError as TemporalCancelledError,
+    TimeoutError as TemporalTimeoutError,
+    TimeoutType,
+)
+
+with workflow.unsafe.imports_passed_through():
+    from durable_rollouts.models import (
+        AgentInput,
+        AgentResult,
+        ConnectInput,
+        Endpoint,
+        GradeInput,
+        Grade,
+        ProvisionInput,
+        RolloutResult,
+        Session,
+        StartInput,
+        TeardownInput,
+        VerifyInput,
+    )
+    from durable_rollouts.workflows.types import (
+        ACT_AGENT,
+        ACT_CONNECT,
+        ACT_GRADE,
+        ACT_PROVISION,
+        ACT_START,
+        ACT_TEARDOWN,
+        ACT_VERIFY,
+        RolloutInput,
+    )
+
+__all__ = ["Rollout", "is_substrate_gone"]
+
+NON_RETRYABLE = ["ConfigError", "SubstrateGone"]
+
+
+def _retry(attempts: int, max_interval_s: float = 30.0) -> RetryPolicy:
+    return RetryPolicy(
+        initial_interval=timedelta(seconds=1),
+        backoff_coefficient=2.0,
+        maximum_interval=timedelta(seconds=max_interval_s),
+        maximum_attempts=attempts,
+        non_retryable_error_types=NON_RETRYABLE,
+    )
+
+
+# name -> (start_to_close, heartbeat_timeout, retry attempts); agent's start_to_close is per input.
+_OPTIONS: dict[str, tuple[timedelta, timedelta | None, int]] = {
+    ACT_PROVISION: (timedelta(minutes=10), timedelta(seconds=10), 5),
+    ACT_CONNECT: (timedelta(minutes=2), None, 3),
+    ACT_START: (timedelta(minutes=2), None, 5),
+    ACT_AGENT: (timedelta(hours=24), timedelta(seconds=5), 5),
+    ACT_GRADE: (timedelta(minutes=30), timedelta(seconds=10), 5),
+    ACT_VERIFY: (timedelta(minutes=30), timedelta(seconds=10), 5),
+    ACT_TEARDOWN: (timedelta(minutes=2), None, 10),
+}
+# Short steps that may run as local activities when the substrate is reachable from this worker;
+# provision/teardown too when the substrate is fast and local (``RolloutInput.local_steps``).
+_LOCAL_OK = {ACT_CONNECT, ACT_START, ACT_GRADE}
+_LOCAL_IF_FAST = {ACT_PROVISION, ACT_TEARDOWN}
+# How long a step may wait for a host/process queue before the substrate counts as gone.
+_PINNED_SCHEDULE_TO_START = timedelta(minutes=2)
+
+
+# A failed step raises ActivityError(cause=...); a failed *local* activity may raise its cause directly.
+STEP_FAILURES = (ActivityError, ApplicationError, TemporalTimeoutError)
+
+
+def _cause(err: BaseException) -> BaseException | None:
+    return err.cause if isinstance(err, ActivityError) else err
+
+
+def _is_cancelled(err: BaseException) -> bool:
+    return isinstance(_cause(err), TemporalCancelledError)
+
+
+def is_substrate_gone(err: BaseException) -> bool:
+    """True for a failure that means the substrate is gone and the rollout must reprovision."""
+    cause = _cause(err)
+    if isinstance(cause, ApplicationError) and cause.type == "SubstrateGone":
+        return True
+    # A pinned (host/process) queue that nobody polls: its worker, and likely its substrate, died.
+    return isinstance(cause, TemporalTimeoutError) and cause.type == TimeoutType.SCHEDULE_TO_START
+
+
+def _is_config_error(err: BaseException) -> bool:
+    cause = _cause(err)
+    return isinstance(cause, ApplicationError) and cause.type == "ConfigError"
+
+
+def _is_timeout(err: BaseException) -> bool:
+    return isinstance(_cause(err), TemporalTimeoutError)
+
+
+def _message(err: BaseException) -> str:
+    cause = _cause(err) or err
+    if isinstance(cause, ApplicationError) and cause.type:
+        return f"{cause.type}: {cause.message}"
+    if isinstance(cause, TemporalTimeoutError):
+        return f"{cause.type.name if cause.type else 'TIMEOUT'} timeout" + (
+            f" ({_message(cause.cause)})" if cause.cause else "")
+    return str(cause) or type(cause).__name__
+
+
+_BEFORE_LAUNCH = {"provisioning", "connecting", "starting task"}
+
+
+def _actor_raw(grade: Grade, agent: AgentResult) -> dict[str, Any]:
+    """What a verifier grades: the actor's grade frame, or a zero-score error frame (as steps.actor_result)."""
+    if agent.error is None and not grade.is_error and grade.raw:
+        return dict(grade.raw)
+    return {"score": 0.0, "answer": agent.content, "content": agent.error or grade.content, "isError": True}
+
+
+class _SubstrateGone(Exception):
+    def __init__(self, phase: str, message: str) -> None:
+        super().__init__(message)
+        self.phase = phase
+
+
+@workflow.defn(name="Rollout")
+class Rollout:
+    """One rollout of one task with one agent on one substrate."""
+
+    def __init__(self) -> None:
+        self._phase = "pending"
+        self._last_phase = "provisioning"
+        self._attempt = 0
+        self._timeout_s: float | None = None
+        self._local_steps = False
+        self._queue = ""
+
+    def _enter(self, phase: str) -> str:
+        self._phase = self._last_phase = phase
+        return phase
+
+    @workflow.query
+    def phase(self) -> dict[str, Any]:
+        return {"phase": self._phase, "attempt": self._attempt}
+
+    @workflow.run
+    async def run(self, inp: RolloutInput) -> RolloutResult:
+        started = workflow.time()
+        self._timeout_s = inp.rollout_timeout_s
+        self._local_steps = inp.local_steps
+        self._queue = inp.task_queue
+        errors: list[str] = []
+        last_phase = "provisioning"
+        for attempt in range(1, inp.max_attempts + 1):
+            self._attempt = attempt
+            try:
+                # The rollout timeout bounds each attempt (a durable timer); on expiry the running
+                # step is cancelled and teardown still runs.
+                result = await asyncio.wait_for(self._attempt_once(inp, attempt), inp.rollout_timeout_s)
+            except asyncio.TimeoutError:
+                result = self._result(inp, "timeout", error=f"rollout timed out after {inp.rollout_timeout_s}s",
+                                      error_phase=self._last_phase)
+            except _SubstrateGone as gone:
+                errors.append(f"attempt {attempt} ({gone.phase}): {gone}")
+                last_phase = gone.phase
+                workflow.logger.warning("rollout %s: substrate gone in %s: %s",
+                                        inp.rollout_id, gone.phase, gone)
+                continue
+            result.attempts = attempt
+            if errors:
+                prior = "; ".join(errors)
+                result.error = f"{result.error}; earlier: {prior}" if result.error else f"earlier: {prior}"
+            result.started_at = started
+            result.ended_at = workflow.time()
+            return result
+        return self._result(inp, "errored", attempts=inp.max_attempts, started=started,
+                            error=f"substrate gone {inp.max_attempts} times: " + "; ".join(errors),
+                            error_phase=last_phase)
+
+    # -- one attempt ---------------------------------------------------------------------------
+
+    async def _attempt_once(self, inp: RolloutInput, attempt: int) -> RolloutResult:
+        key = inp.rollout_id if attempt == 1 else f"{inp.rollout_id}-a{attempt}"
+        endpoint: Endpoint | None = None
+        session: Session | None = None
+        try:
+            phase = self._enter("provisioning")
+            endpoint = await self._step(ACT_PROVISION, ProvisionInput(key=key, task=inp.task, provider=inp.provider),
+                                        Endpoint, None)
+            phase = self._enter("connecting")
+            session = await self._step(ACT_CONNECT, ConnectInput(endpoint=endpoint), Session, endpoint)
+            phase = self._enter("starting task")
+            prompt = await self._step(ACT_START, StartInput(endpoint=endpoint, session=session, task=inp.task),
+                                      dict, endpoint)
+            phase = self._enter("agent loop")
+            agent = await self._agent(inp, endpoint, session, prompt)
+            if agent is None:  # ConfigError: the agent cannot even be built; nothing to grade
+                raise _Errored(phase, self._agent_config_error)
+            phase = self._enter("grading")
+            grade = await self._step(ACT_GRADE, GradeInput(endpoint=endpoint, session=session,
+                                                          answer=agent.content, agent_error=agent.error),
+                                     Grade, endpoint)
+            if inp.task.verifier is not None:
+                phase = self._enter("verifying")
+                grade = await self._verify(inp, endpoint, session, _actor_raw(grade, agent), attempt)
+            return self._graded(inp, agent, grade)
+        except STEP_FAILURES as err:
+            if _is_cancelled(err):
+                raise asyncio.CancelledError() from err
+            if is_substrate_gone(err):
+                raise _SubstrateGone(phase, _message(err)) from None
+            status = "failed" if phase in _BEFORE_LAUNCH else "errored"
+            return self._result(inp, status, error=f"[{phase}] {_message(err)}", error_phase=phase)
+        except _Errored as err:
+            return self._result(inp, "errored", error=str(err), error_phase=err.phase)
+        finally:
+            if endpoint is not None:
+                self._phase = "teardown"
+                await self._teardown(endpoint, session)
+
+    async def _agent(self, inp: RolloutInput, endpoint: Endpoint, session: Session,
+                     prompt: dict[str, Any]) -> AgentResult | None:
+        # timeout_s=None: the agent's own timeout applies; the rollout timeout is a workflow timer.
+        agent_input = AgentInput(endpoint=endpoint, session=session, task=inp.task, prompt=prompt,
+                                 agent=inp.agent, rollout_id=inp.rollout_id, job_id=inp.job_id,
+                                 group_id=inp.group_id)
+        try:
+            return await self._step(ACT_AGENT, agent_input, AgentResult, endpoint)
+        except STEP_FAILURES as err:
+            if is_substrate_gone(err) or _is_cancelled(err):
+                raise
+            if _is_config_error(err):
+                self._agent_config_error = _message(err)
+                return None
+            # Any other agent failure is still graded, best effort.
+            status = "timeout" if _is_timeout(err) else "error"
+            return AgentResult(status=status, error=_message(err))
+
+    async def _verify(self, inp: RolloutInput, endpoint: Endpoint, session: Session,
+                      actor_raw: dict[str, Any], attempt: int) -> Grade:
+        assert inp.task.verifier is not None
+        last = ""
+        for v in range(1, inp.max_attempts + 1):
+            # steps.verify provisions the verifier under f"{key}-verifier"; a new key per try
+            key = inp.rollout_id + (f"-a{attempt}" if attempt > 1 else "") + (f"-v{v}" if v > 1 else "")
+            vin = VerifyInput(task=inp.task, actor_endpoint=endpoint, actor_session=session,
+                              actor_raw=actor_raw, provider=inp.provider, key=key)
+            try:
+                return await self._step(ACT_VERIFY, vin, Grade, None)
+            except STEP_FAILURES as err:
+                if _is_cancelled(err):
+                    raise
+                if not is_substrate_gone(err):
+                    raise _Errored("verifying", _message(err)) from None
+                last = _message(err)  # only the verifier is re-placed; the agent is not re-run
+        raise _Errored("verifying", f"verifier substrate gone {inp.max_attempts} times: {last}")
+
+    async def _teardown(self, endpoint: Endpoint, session: Session | None) -> None:
+        # Runs also after cancellation: a fresh activity started here is not cancelled.
+        try:
+            await self._step(ACT_TEARDOWN, TeardownInput(endpoint=endpoint, session=session), None,
+                             endpoint)
+        except STEP_FAILURES as err:
+            workflow.logger.warning("teardown of %s failed: %s", endpoint.key, _message(err))
+        except asyncio.CancelledError:
+            workflow.logger.warning("teardown of %s cancelled", endpoint.key)
+
+    # -- activity plumbing ---------------------------------------------------------------------
+
+    async def _step(self, name: str, arg: Any, result_type: type | None, endpoint: Endpoint | None,
+                    allow_local: bool = True) -> Any:
+        start_to_close, heartbeat, attempts = _OPTIONS[name]
+        if name == ACT_AGENT and self._timeout_s:
+            start_to_close = timedelta(seconds=self._timeout_s + 60)
+        own_queue = self._queue  # from the input, not workflow.info(): replays run elsewhere
+        queue = endpoint.task_queue if endpoint is not None else None
+        pinned = queue is not None and queue != own_queue
+        local = name in _LOCAL_OK or (self._local_steps and name in _LOCAL_IF_FAST)
+        if allow_local and local and not pinned:
+            # The substrate is reachable from this worker: a local activity saves a round trip,
+            # and a crash is still safe (the workflow task retries elsewhere; grade is idempotent).
+            return await workflow.execute_local_activity(
+                name, arg, result_type=result_type, start_to_close_timeout=start_to_close,
+                retry_policy=_retry(attempts), summary=name.split(".")[-1],
+            )
+        return await workflow.execute_activity(
+            name, arg, result_type=result_type, task_queue=queue if pinned else None,
+            start_to_close_timeout=start_to_close, heartbeat_timeout=heartbeat,
+            schedule_to_start_timeout=_PINNED_SCHEDULE_TO_START if pinned else None,
+            retry_policy=_retry(attempts), summary=name.split(".")[-1],
+        )
+
+    # -- results -------------------------------------------------------------------------------
+
+    def _graded(self, inp: RolloutInput, agent: AgentResult, grade: Grade) -> RolloutResult:
+        # Same classification as the direct executor (sdk/direct.py), plus "timeout".
+        if agent.status == "timeout" or agent.stop_reason == "timeout":
+            status, phase, error = "timeout", "agent loop", agent.error or "agent timed out"
+        elif grade.is_error:
+            status, phase, error = "errored", "grading", grade.content or "grade error"
+        elif agent.status == "error" or agent.error:
+            status, phase, error = "errored", "agent loop", agent.error or "agent failed"
+        else:
+            status, phase, error = "succeeded", None, None
+        result = self._result(inp, status, error=error, error_phase=phase)
+        result.grade = grade
+        result.reward = None if grade.is_error else grade.reward
+        result.trace_ref = agent.trace_ref
+        return result
+
+    def _result(self, inp: RolloutInput, status: str, *, error: str | None = None,
+                error_phase: str | None = None, attempts: int = 1,
+                started: float | None = None) -> RolloutResult:
+        return RolloutResult(
+            rollout_id=inp.rollout_id, slug=inp.task.slug, group_id=inp.group_id,
+            group_index=inp.group_index, row_index=inp.row_index, status=status,  # type: ignore[arg-type]
+            attempts=attempts, error=error, error_phase=error_phase, started_at=started,
+            ended_at=workflow.time() if started is not None else None,
+        )
+
+    _agent_config_error = ""
+
+
+class _Errored(Exception):
+    def __init__(self, phase: str, message: str) -> None:
+        super().__init__(message)
+        self.phase = phase

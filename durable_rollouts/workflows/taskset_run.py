@@ -1,0 +1,253 @@
+"""The ``TasksetRun`` workflow: one batch of a job, rows x group ``Rollout`` children.
+
+Deterministic: imports only stdlib, temporalio, pydantic and the pure data models; activities
+are referenced by name. Expands rows x group task-major, resolves each group once (stored in
+workflow state, so replays and continue-as-new reuse it), keeps at most ``max_concurrent``
+children pending, counts compact results, answers the ``progress`` query, shows live details in
+the Web UI, and continues-as-new (after draining its children) before its history grows large.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import timedelta
+
+from temporalio import workflow
+from temporalio.common import RetryPolicy, SearchAttributeKey, SearchAttributePair, TypedSearchAttributes
+from temporalio.exceptions import ActivityError, ChildWorkflowError
+from temporalio.workflow import ParentClosePolicy
+
+with workflow.unsafe.imports_passed_through():
+    from durable_rollouts.models import RolloutResult, Task
+    from durable_rollouts.workflows.rollout import Rollout
+    from durable_rollouts.workflows.types import (
+        ACT_LOAD_ROWS,
+        ACT_RESOLVE,
+        ACT_STORE_RESULTS,
+        LoadRowsInput,
+        Progress,
+        ResolveGroupInput,
+        ResultsRef,
+        RolloutInput,
+        StoreResultsInput,
+        TasksetRunInput,
+        TasksetRunResult,
+    )
+
+__all__ = ["TasksetRun", "group_id", "rollout_id", "workflow_id"]
+
+FLUSH_CHUNK = 250  # results per stored chunk (keeps activity payloads well under 256 KB)
+ROW_WINDOW = 250  # rows loaded per activity when the rows travel by claim check
+
+KEY_JOB_ID = SearchAttributeKey.for_keyword("RolloutsJobId")
+KEY_TASK_SLUG = SearchAttributeKey.for_keyword("RolloutsTaskSlug")
+KEY_STATUS = SearchAttributeKey.for_keyword("RolloutsStatus")
+
+
+def _suffix(batch_index: int) -> str:
+    return f"-b{batch_index}" if batch_index else ""
+
+
+def workflow_id(job_id: str, batch_index: int = 0) -> str:
+    """Workflow id of a job's batch: ``job-<job_id>`` (``-b<n>`` for later batches)."""
+    return f"job-{job_id}{_suffix(batch_index)}"
+
+
+def rollout_id(job_id: str, slug: str, group_index: int, batch_index: int = 0) -> str:
+    """Stable rollout id (also the Rollout child's workflow id and the substrate key)."""
+    return f"job-{job_id}-{slug}-{group_index}{_suffix(batch_index)}"
+
+
+def group_id(job_id: str, row_index: int, batch_index: int = 0) -> str:
+    return f"{job_id}-g{row_index}{_suffix(batch_index)}"
+
+
+@workflow.defn(name="TasksetRun")
+class TasksetRun:
+    """Run every row ``group`` times; return compact results (or claim checks for them)."""
+
+    def __init__(self) -> None:
+        self._progress: Progress | None = None
+        self._window: dict[int, Task] = {}
+
+    @workflow.query
+    def progress(self) -> Progress:
+        return self._progress or Progress(job_id="", total=0)
+
+    @workflow.run
+    async def run(self, inp: TasksetRunInput) -> TasksetRunResult:
+        total = len(inp.only) if inp.only is not None else self._row_count(inp) * inp.group
+        progress = inp.progress or Progress(job_id=inp.job_id, batch_index=inp.batch_index, total=total)
+        if inp.progress is not None:
+            progress.runs += 1
+        progress.running = 0
+        self._progress = progress
+        resolved: dict[int, Task] = dict(inp.resolved)
+        results: list[RolloutResult] = list(inp.results)
+        refs: list[ResultsRef] = list(inp.result_refs)
+        self._set_status(inp, "running")
+
+        index = inp.next_index
+        pending: list[asyncio.Task[RolloutResult]] = []
+        try:
+            while index < total or pending:
+                while index < total and len(pending) < inp.max_concurrent and not self._too_long(inp):
+                    row_index, group_index = self._slot(inp, index)
+                    row = await self._row(inp, row_index)
+                    task = resolved.get(row_index)
+                    if task is None:
+                        try:
+                            task = await self._resolve(inp, row)
+                        except ActivityError as err:  # the whole group fails, the batch goes on
+                            while index < total and self._slot(inp, index)[0] == row_index:
+                                failed = self._unresolved(inp, row, row_index, self._slot(inp, index)[1], err)
+                                results.append(failed)
+                                progress.started += 1
+                                progress.count(failed)
+                                index += 1
+                            continue
+                        resolved[row_index] = task
+                    pending.append(asyncio.ensure_future(
+                        self._rollout(inp, task, row.slug, row_index, group_index)))
+                    index += 1
+                    progress.started += 1
+                    progress.running += 1
+                if not pending:
+                    break
+                done, rest = await workflow.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                pending = list(rest)
+                for fut in sorted(done, key=lambda f: f.result().rollout_id):
+                    result = fut.result()
+                    results.append(result)
+                    progress.running -= 1
+                    progress.count(result)
+                self._details(progress)
+        except asyncio.CancelledError:
+            await self._cancel_children(inp, pending)
+            raise
+
+        if index < total:  # history is getting long: carry state into a fresh run
+            if len(results) > inp.flush_results_over:  # claim checks of <=FLUSH_CHUNK results each
+                for start in range(0, len(results), FLUSH_CHUNK):
+                    refs.append(await self._flush(inp, results[start:start + FLUSH_CHUNK], len(refs)))
+                results = []
+            carry = inp.model_copy(update={
+                "next_index": index, "results": results, "result_refs": refs,
+                # only groups that still have rollouts to start need their resolved task
+                "resolved": {r: t for r, t in resolved.items() if r >= self._slot(inp, index)[0]},
+                "progress": progress,
+            })
+            workflow.continue_as_new(carry)
+
+        progress.done = True
+        self._details(progress)
+        self._set_status(inp, "completed")
+        return TasksetRunResult(job_id=inp.job_id, job_name=inp.job_name, batch_index=inp.batch_index,
+                                progress=progress, results=results, result_refs=refs)
+
+    async def _cancel_children(self, inp: TasksetRunInput, pending: list[asyncio.Task[RolloutResult]]) -> None:
+        # Cancel every running Rollout and wait for it, so each one's teardown runs before we close.
+        for fut in pending:
+            fut.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
+        if self._progress is not None:
+            self._progress.cancelled += self._progress.running
+            self._progress.running = 0
+        self._set_status(inp, "cancelled")
+
+    def _unresolved(self, inp: TasksetRunInput, row: Task, row_index: int, group_index: int,
+                    err: ActivityError) -> RolloutResult:
+        cause = err.cause or err
+        return RolloutResult(
+            rollout_id=rollout_id(inp.job_id, row.slug, group_index, inp.batch_index), slug=row.slug,
+            group_id=group_id(inp.job_id, row_index, inp.batch_index), group_index=group_index,
+            row_index=row_index, status="failed", error=f"[resolving] {cause}", error_phase="resolving",
+        )
+
+    @staticmethod
+    def _slot(inp: TasksetRunInput, index: int) -> tuple[int, int]:
+        """(row_index, group_index) of the index-th rollout: task-major, or the resume list."""
+        if inp.only is not None:
+            row_index, group_index = inp.only[index]
+            return row_index, group_index
+        return divmod(index, inp.group)  # type: ignore[return-value]
+
+    @staticmethod
+    def _row_count(inp: TasksetRunInput) -> int:
+        return inp.total_rows if inp.rows_ref is not None and inp.total_rows is not None else len(inp.rows)
+
+    async def _row(self, inp: TasksetRunInput, index: int) -> Task:
+        if inp.rows_ref is None:
+            return inp.rows[index]
+        if index not in self._window:  # rows are consumed in order: load the next window
+            stop = min(index + ROW_WINDOW, self._row_count(inp))
+            rows = await workflow.execute_activity(
+                ACT_LOAD_ROWS, LoadRowsInput(uri=inp.rows_ref, start=index, stop=stop),
+                result_type=list[Task], start_to_close_timeout=timedelta(minutes=2),
+                retry_policy=RetryPolicy(maximum_attempts=20),
+            )
+            self._window = dict(zip(range(index, stop), rows))
+        return self._window[index]
+
+    def _too_long(self, inp: TasksetRunInput) -> bool:
+        # Continue-as-new well before the 10,240-event warning (and the 2,000 pending-children cap).
+        info = workflow.info()
+        return info.is_continue_as_new_suggested() or info.get_current_history_length() > inp.max_history_events
+
+    async def _resolve(self, inp: TasksetRunInput, row: Task) -> Task:
+        if inp.taskset_class is None:  # plain Taskset: resolve_task is the identity
+            return row
+        return await workflow.execute_activity(
+            ACT_RESOLVE, ResolveGroupInput(taskset_name=inp.taskset_name, taskset_class=inp.taskset_class,
+                                           task=row),
+            result_type=Task, start_to_close_timeout=timedelta(minutes=5),
+            retry_policy=RetryPolicy(maximum_attempts=5, non_retryable_error_types=["ConfigError"]),
+        )
+
+    async def _flush(self, inp: TasksetRunInput, results: list[RolloutResult], chunk: int) -> ResultsRef:
+        return await workflow.execute_activity(
+            ACT_STORE_RESULTS, StoreResultsInput(job_id=inp.job_id, batch_index=inp.batch_index,
+                                                 chunk=chunk, results=results),
+            result_type=ResultsRef, start_to_close_timeout=timedelta(minutes=2),
+            retry_policy=RetryPolicy(maximum_attempts=20),
+        )
+
+    async def _rollout(self, inp: TasksetRunInput, task: Task, row_slug: str, row_index: int,
+                       group_index: int) -> RolloutResult:
+        # The id uses the row's slug (known before resolution), so it is stable for resume.
+        rid = rollout_id(inp.job_id, row_slug, group_index, inp.batch_index)
+        gid = group_id(inp.job_id, row_index, inp.batch_index)
+        child = RolloutInput(rollout_id=rid, job_id=inp.job_id, group_id=gid, group_index=group_index,
+                             row_index=row_index, task=task, agent=inp.agent, provider=inp.provider,
+                             rollout_timeout_s=inp.rollout_timeout_s, max_attempts=inp.max_attempts,
+                             local_steps=inp.local_steps, task_queue=inp.task_queue)
+        attrs = None
+        if inp.search_attributes:
+            attrs = TypedSearchAttributes([SearchAttributePair(KEY_JOB_ID, inp.job_id),
+                                           SearchAttributePair(KEY_TASK_SLUG, task.slug)])
+        try:
+            return await workflow.execute_child_workflow(
+                Rollout.run, child, id=rid, task_queue=inp.task_queue,
+                parent_close_policy=ParentClosePolicy.REQUEST_CANCEL, search_attributes=attrs,
+                static_summary=f"{task.slug} #{group_index}",
+            )
+        except ChildWorkflowError as err:
+            cause = err.cause
+            cancelled = type(cause).__name__ == "CancelledError"
+            return RolloutResult(
+                rollout_id=rid, slug=task.slug, group_id=gid, group_index=group_index,
+                row_index=row_index, status="cancelled" if cancelled else "errored",
+                error=str(cause or err), error_phase=None if cancelled else "workflow",
+            )
+
+    def _details(self, p: Progress) -> None:
+        mean = "-" if p.mean_reward is None else f"{p.mean_reward:.3f}"
+        workflow.set_current_details(
+            f"**{p.finished}/{p.total}** done, {p.running} running  \n"
+            f"succeeded {p.succeeded} · failed {p.failed} · errored {p.errored} · "
+            f"timeout {p.timeout} · cancelled {p.cancelled}  \nmean reward {mean}"
+        )
+
+    def _set_status(self, inp: TasksetRunInput, status: str) -> None:
+        if inp.search_attributes:
+            workflow.upsert_search_attributes([KEY_STATUS.value_set(status)])

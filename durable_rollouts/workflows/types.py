@@ -1,0 +1,186 @@
+"""Inputs, outputs and names shared by the workflows, the activities and the starters.
+
+Pure pydantic plus ``durable_rollouts.models``: safe inside the workflow sandbox. Activity
+*names* live here so workflows reference activities by string and never import their modules.
+Must not import envserver, sdk, activities or anything with I/O.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from durable_rollouts.models import (
+    AgentSpec,
+    ProviderSpec,
+    RolloutResult,
+    Task,
+)
+
+__all__ = [
+    "ACT_AGENT",
+    "ACT_CONNECT",
+    "ACT_GRADE",
+    "ACT_LOAD_ROWS",
+    "ACT_PROVISION",
+    "ACT_RESOLVE",
+    "ACT_START",
+    "ACT_STORE_RESULTS",
+    "ACT_TEARDOWN",
+    "ACT_VERIFY",
+    "DEFAULT_TASK_QUEUE",
+    "LoadRowsInput",
+    "Progress",
+    "ResolveGroupInput",
+    "ResultsRef",
+    "RolloutInput",
+    "SEARCH_ATTRIBUTES",
+    "StoreResultsInput",
+    "TasksetRunInput",
+    "TasksetRunResult",
+]
+
+DEFAULT_TASK_QUEUE = "rollouts"
+
+# Activity names (the activities register under exactly these).
+ACT_RESOLVE = "rollouts.resolve_group"
+ACT_STORE_RESULTS = "rollouts.store_results"
+ACT_LOAD_ROWS = "rollouts.load_rows"
+ACT_PROVISION = "rollouts.provision"
+ACT_CONNECT = "rollouts.connect"
+ACT_START = "rollouts.start"
+ACT_AGENT = "rollouts.agent"
+ACT_GRADE = "rollouts.grade"
+ACT_VERIFY = "rollouts.verify"
+ACT_TEARDOWN = "rollouts.teardown"
+
+# Keyword search attributes registered on the embedded dev server (name -> Temporal type).
+SEARCH_ATTRIBUTES = {
+    "RolloutsJobId": "Keyword",
+    "RolloutsJobName": "Keyword",
+    "RolloutsTaskset": "Keyword",
+    "RolloutsAgent": "Keyword",
+    "RolloutsTaskSlug": "Keyword",
+    "RolloutsStatus": "Keyword",
+}
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ResultsRef(_Model):
+    """A claim check for a chunk of RolloutResults flushed out of workflow state."""
+
+    uri: str
+    count: int
+
+
+class Progress(_Model):
+    """Live counters of a TasksetRun (the ``progress`` query and the Web UI details)."""
+
+    job_id: str
+    batch_index: int = 0
+    total: int = 0
+    started: int = 0
+    running: int = 0
+    succeeded: int = 0
+    failed: int = 0
+    errored: int = 0
+    timeout: int = 0
+    cancelled: int = 0
+    reward_sum: float = 0.0
+    graded: int = 0
+    runs: int = 1  # workflow runs so far (1 + continue-as-new count)
+    done: bool = False
+
+    @property
+    def finished(self) -> int:
+        return self.succeeded + self.failed + self.errored + self.timeout + self.cancelled
+
+    @property
+    def mean_reward(self) -> float | None:
+        return self.reward_sum / self.graded if self.graded else None
+
+    def count(self, result: RolloutResult) -> None:
+        setattr(self, result.status, getattr(self, result.status) + 1)
+        if result.reward is not None:
+            self.reward_sum += result.reward
+            self.graded += 1
+
+
+class TasksetRunInput(_Model):
+    """One batch of a job: rows x group rollouts. Also the continue-as-new carrier."""
+
+    job_id: str
+    job_name: str = ""
+    batch_index: int = 0
+    taskset_name: str = ""
+    taskset_class: str | None = None  # `module:Class` when resolve_task is overridden
+    rows: list[Task] = Field(default_factory=list)
+    # Large tasksets travel by claim check: a JSONL file of rows, loaded in windows by activity.
+    rows_ref: str | None = None
+    total_rows: int | None = None
+    # Resume: run only these (row_index, group_index) slots, sorted (stable rollout ids keep).
+    only: list[tuple[int, int]] | None = None
+    group: int = Field(default=1, ge=1)
+    max_concurrent: int = Field(default=16, ge=1, le=1500)
+    agent: AgentSpec
+    provider: ProviderSpec
+    rollout_timeout_s: float | None = None
+    max_attempts: int = Field(default=3, ge=1)
+    local_steps: bool = True  # fast local substrate: provision/teardown as local activities too
+    task_queue: str = DEFAULT_TASK_QUEUE
+    search_attributes: bool = True
+    # continue-as-new once history passes this many events (or the server suggests it);
+    # then results above ``flush_results_over`` go to the result store as claim checks
+    max_history_events: int = Field(default=8_000, ge=20)
+    flush_results_over: int = Field(default=200, ge=0)
+    # continue-as-new carry
+    next_index: int = 0
+    resolved: dict[int, Task] = Field(default_factory=dict)
+    results: list[RolloutResult] = Field(default_factory=list)
+    result_refs: list[ResultsRef] = Field(default_factory=list)
+    progress: Progress | None = None
+
+
+class TasksetRunResult(_Model):
+    job_id: str
+    job_name: str = ""
+    batch_index: int = 0
+    progress: Progress
+    results: list[RolloutResult] = Field(default_factory=list)
+    result_refs: list[ResultsRef] = Field(default_factory=list)
+
+
+class RolloutInput(_Model):
+    rollout_id: str
+    job_id: str
+    group_id: str
+    group_index: int
+    row_index: int
+    task: Task
+    agent: AgentSpec
+    provider: ProviderSpec
+    rollout_timeout_s: float | None = None
+    max_attempts: int = Field(default=3, ge=1)
+    local_steps: bool = False
+    task_queue: str = DEFAULT_TASK_QUEUE  # the queue this workflow runs on (replay-safe)
+
+
+class ResolveGroupInput(_Model):
+    taskset_name: str
+    taskset_class: str | None = None
+    task: Task
+
+
+class LoadRowsInput(_Model):
+    uri: str
+    start: int
+    stop: int
+
+
+class StoreResultsInput(_Model):
+    job_id: str
+    batch_index: int
+    chunk: int
+    results: list[RolloutResult]

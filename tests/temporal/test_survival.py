@@ -1,0 +1,199 @@
+"""Survival: SIGKILLed workers, SIGKILLed substrates, a restarted Temporal server.
+
+Every test uses real processes: worker processes (``python -m durable_rollouts.worker``), env
+subprocesses (``SubprocessRuntime``) and the dev server. Grades and agent runs are counted on disk
+by the env and the agent themselves (``counting_env.py``, ``temporal_helpers.CountingAgent``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+from pathlib import Path
+
+import pytest
+from conftest import DevServer
+from temporal_helpers import ENV_FILE, CountingAgent, async_wait_for, read_lines
+
+from durable_rollouts.models import Task
+from durable_rollouts.sdk.orchestrate import start_job
+from durable_rollouts.sdk.providers import LocalRuntime, SubprocessRuntime
+from durable_rollouts.sdk.taskset import Taskset
+from durable_rollouts.sdk.temporal import connect_client
+
+
+def echo(expected: str, evidence: Path, **extra: object) -> Task:
+    return Task(env="counting", id="echo", source=ENV_FILE, args={
+        "expected": expected, "grade_log": str(evidence / "grades.log"),
+        "pid_file": str(evidence / "env.pid"), **extra})
+
+
+async def test_worker_killed_mid_agent_another_worker_finishes_once(client, task_queue, start_worker,
+                                                                     evidence: Path) -> None:
+    """SIGKILL the worker while the agent runs: a second worker retries the agent on the parked
+    session, the reward is right, and the env graded exactly once."""
+    agents = evidence / "agents.log"
+    first = start_worker()
+    handle = await start_job(Taskset("t", [echo("x", evidence)]),
+                             CountingAgent(answer="x", seconds=2.0, log=str(agents)),
+                             runtime=SubprocessRuntime(ENV_FILE), temporal=client, worker=False,
+                             task_queue=task_queue)
+    await async_wait_for(lambda: len(read_lines(agents)) == 1, what="agent start")
+    first.kill()
+    second = start_worker()
+    job = await asyncio.wait_for(handle.wait(), 60)
+    (run,) = job.runs
+    assert (run.status, run.reward, run.attempts) == ("succeeded", 1.0, 1), run.error
+    assert len(read_lines(evidence / "grades.log")) == 1
+    runs = read_lines(agents)
+    assert len(runs) == 2 and runs[1].startswith(f"{second.pid} ")
+
+
+async def test_worker_killed_after_grade_regrade_returns_cached_result(client, task_queue, start_worker,
+                                                                       evidence: Path) -> None:
+    """SIGKILL right after the env graded, before the result was recorded: the retried grade gets
+    the cached result; the env graded exactly once."""
+    faults = {"ROLLOUTS_FAULTS": "after_grade", "ROLLOUTS_FAULTS_DIR": str(evidence)}
+    first = start_worker(**faults)
+    handle = await start_job(Taskset("t", [echo("x", evidence)]), CountingAgent(answer="x"),
+                             runtime=SubprocessRuntime(ENV_FILE), temporal=client, worker=False,
+                             task_queue=task_queue)
+    await async_wait_for(lambda: (evidence / "after_grade.fired").exists(), what="fault")
+    await async_wait_for(lambda: first.proc.poll() is not None, what="worker death")
+    assert first.proc.returncode == -signal.SIGKILL
+    start_worker(**faults)
+    job = await asyncio.wait_for(handle.wait(), 60)
+    (run,) = job.runs
+    assert (run.status, run.reward) == ("succeeded", 1.0), run.error
+    assert len(read_lines(evidence / "grades.log")) == 1
+
+
+async def test_substrate_killed_mid_agent_reprovisions_and_records_attempts(client, task_queue,
+                                                                            evidence: Path) -> None:
+    """SIGKILL the env subprocess while the agent runs: the rollout reprovisions and restarts;
+    attempts == 2 is recorded and the reward is right."""
+    agents = evidence / "agents.log"
+    handle = await start_job(Taskset("t", [echo("x", evidence)]),
+                             CountingAgent(answer="x", seconds=1.5, log=str(agents)),
+                             runtime=SubprocessRuntime(ENV_FILE), temporal=client, worker=True,
+                             task_queue=task_queue)
+    pid_file = evidence / "env.pid"
+    await async_wait_for(lambda: len(read_lines(agents)) == 1 and pid_file.exists(), what="agent start")
+    os.kill(int(pid_file.read_text()), signal.SIGKILL)
+    job = await asyncio.wait_for(handle.wait(), 60)
+    (run,) = job.runs
+    assert (run.status, run.reward, run.attempts) == ("succeeded", 1.0, 2), run.error
+    assert "attempt 1" in (run.error or "")
+    assert len(read_lines(agents)) == 2 and len(read_lines(evidence / "grades.log")) == 1
+
+
+async def test_verifier_substrate_killed_only_verifier_reruns(client, task_queue, evidence: Path) -> None:
+    """SIGKILL the verifier's substrate mid-verify: only the verifier runs again, never the agent."""
+    agents = evidence / "agents.log"
+    vlog, vpid = evidence / "referee.log", evidence / "referee.pid"
+    verifier = Task(env="referee", id="referee", source=ENV_FILE, args={
+        "expected": "x", "grade_log": str(vlog), "pid_file": str(vpid), "delay": 1.5})
+    task = echo("x", evidence).model_copy(update={"verifier": verifier})
+    handle = await start_job(Taskset("t", [task]), CountingAgent(answer="x", log=str(agents)),
+                             runtime=SubprocessRuntime(ENV_FILE), temporal=client, worker=True,
+                             task_queue=task_queue)
+    await async_wait_for(vpid.exists, what="verifier grading")
+    os.kill(int(vpid.read_text()), signal.SIGKILL)
+    job = await asyncio.wait_for(handle.wait(), 60)
+    (run,) = job.runs
+    assert (run.status, run.reward, run.attempts) == ("succeeded", 1.0, 1), run.error
+    assert len(read_lines(agents)) == 1
+    assert len(read_lines(evidence / "grades.log")) == 1 and len(read_lines(vlog)) == 1
+
+
+async def test_batch_survives_temporal_server_restart(tmp_path: Path, task_queue, evidence: Path) -> None:
+    """Stop the dev server mid-batch and restart it on the same sqlite file: the batch completes."""
+    from temporal_helpers import WorkerProcess
+
+    server = DevServer(tmp_path / "restart.db")
+    server.start()
+    worker = None
+    try:
+        client = await connect_client(server.address)
+        worker = WorkerProcess(server.address, task_queue)
+        rows = [Task(env="counting", id="echo", source=ENV_FILE, args={"expected": "x", "tag": str(i)})
+                for i in range(4)]
+        handle = await start_job(Taskset("t", rows), CountingAgent(answer="x", seconds=1.5),
+                                 runtime=LocalRuntime(ENV_FILE), max_concurrent=2, temporal=client,
+                                 worker=False, task_queue=task_queue)
+        for _ in range(100):
+            if (await handle.progress()).running:
+                break
+            await asyncio.sleep(0.1)
+        server.stop()
+        await asyncio.sleep(1.0)
+        server.start()
+        client = await connect_client(server.address)
+        handle.handle = client.get_workflow_handle(handle.workflow_id, result_type=handle.handle._result_type)
+        job = await asyncio.wait_for(handle.wait(), 90)
+        assert [r.reward for r in job.runs] == [1.0] * 4, [r.error for r in job.runs]
+    finally:
+        if worker is not None:
+            worker.stop()
+        server.stop()
+
+
+pytestmark = pytest.mark.timeout(120)
+
+
+async def test_cancelled_batch_tears_substrates_down(client, task_queue, evidence: Path) -> None:
+    """Cancelling a running batch cancels the agent and still runs teardown: no substrate leaks."""
+    agents = evidence / "agents.log"
+    handle = await start_job(Taskset("t", [echo("x", evidence)]),
+                             CountingAgent(answer="x", seconds=60, log=str(agents)),
+                             runtime=SubprocessRuntime(ENV_FILE), temporal=client, worker=True,
+                             task_queue=task_queue)
+    pid_file = evidence / "env.pid"
+    await async_wait_for(lambda: len(read_lines(agents)) == 1 and pid_file.exists(), what="agent start")
+    pid = int(pid_file.read_text())
+    await handle.cancel()
+
+    def gone() -> bool:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        return False
+
+    await async_wait_for(gone, timeout=20, what="substrate teardown")
+    with pytest.raises(Exception):
+        await asyncio.wait_for(handle.handle.result(), 20)
+    assert not read_lines(evidence / "grades.log")
+
+
+async def test_rollout_timeout_cancels_agent_and_tears_down(client, task_queue, evidence: Path) -> None:
+    """A rollout over its timeout ends as ``timeout`` (a durable timer), and its substrate is removed."""
+    agents = evidence / "agents.log"
+    handle = await start_job(Taskset("t", [echo("x", evidence)]),
+                             CountingAgent(answer="x", seconds=60, log=str(agents)),
+                             runtime=SubprocessRuntime(ENV_FILE), rollout_timeout=2.0, temporal=client,
+                             worker=True, task_queue=task_queue)
+    job = await asyncio.wait_for(handle.wait(), 30)
+    (run,) = job.runs
+    assert (run.status, run.error_phase, run.reward) == ("timeout", "agent loop", None), run.error
+    pid = int((evidence / "env.pid").read_text())
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)
+
+
+async def test_worker_killed_after_provision_next_worker_replays_and_finishes(
+        client, task_queue, start_worker, evidence: Path) -> None:
+    """SIGKILL right after provision (a local activity here), before the workflow task completed:
+    the next worker replays the Rollout without nondeterminism, reuses the substrate, finishes."""
+    faults = {"ROLLOUTS_FAULTS": "after_provision", "ROLLOUTS_FAULTS_DIR": str(evidence)}
+    first = start_worker(**faults)
+    handle = await start_job(Taskset("t", [echo("x", evidence)]), CountingAgent(answer="x"),
+                             runtime=SubprocessRuntime(ENV_FILE), temporal=client, worker=False,
+                             task_queue=task_queue)
+    await async_wait_for(lambda: first.proc.poll() is not None, what="worker death")
+    start_worker(**faults)
+    job = await asyncio.wait_for(handle.wait(), 60)
+    (run,) = job.runs
+    assert (run.status, run.reward, run.attempts) == ("succeeded", 1.0, 1), run.error
+    assert len(read_lines(evidence / "grades.log")) == 1
