@@ -18,6 +18,7 @@ from urllib.parse import urlsplit
 
 from pydantic import ValidationError
 
+from ..streams import pipe
 from ..protocol import ErrorCode, LineProtocol, TunnelOpenParams, error_frame, result_frame, valid_request_id
 from .environment import Environment
 
@@ -34,31 +35,6 @@ def capability_address(url: str) -> tuple[str, int]:
     if not host or not port:
         raise ValueError(f"cannot tell host and port of capability url {url!r}")
     return host, port
-
-
-async def _copy(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
-    while data := await src.read(65536):
-        dst.write(data)
-        await dst.drain()
-    if dst.can_write_eof():
-        with contextlib.suppress(OSError, RuntimeError):
-            dst.write_eof()
-
-
-async def pipe(
-    a: tuple[asyncio.StreamReader, asyncio.StreamWriter],
-    b: tuple[asyncio.StreamReader, asyncio.StreamWriter],
-) -> None:
-    """Copy bytes both ways (half-closing on EOF) until both directions end or one breaks."""
-    tasks = [asyncio.create_task(_copy(a[0], b[1])), asyncio.create_task(_copy(b[0], a[1]))]
-    try:
-        done, pending = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
-    finally:
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        for _, writer in (a, b):
-            writer.close()
 
 
 async def serve_tunnel(

@@ -28,6 +28,7 @@ from ..errors import (
     ProtocolError,
     ReadyTimeoutError,
 )
+from ..streams import pipe
 from ..protocol import (
     PROTOCOL_VERSION,
     EnvInfo,
@@ -238,7 +239,7 @@ class EnvClient:
             leftover = stream.proto.take_buffered()
             if leftover:
                 writer.write(leftover)
-            await _pipe((reader, writer), (stream.reader, stream.writer))
+            await pipe((reader, writer), (stream.reader, stream.writer))
         except Exception as exc:  # a failed tunnel only closes this forwarded connection
             log.warning("tunnel to %r failed: %s", capability, exc)
         except asyncio.CancelledError:
@@ -301,29 +302,6 @@ def _rewrite(url: str, port: int) -> str:
     parts = urlsplit(url)
     user = f"{parts.username}@" if parts.username else ""
     return urlunsplit((parts.scheme, f"{user}127.0.0.1:{port}", parts.path, parts.query, parts.fragment))
-
-
-async def _copy(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
-    while data := await src.read(65536):
-        dst.write(data)
-        await dst.drain()
-    if dst.can_write_eof():
-        with contextlib.suppress(OSError, RuntimeError):
-            dst.write_eof()
-
-
-async def _pipe(
-    a: tuple[asyncio.StreamReader, asyncio.StreamWriter], b: tuple[asyncio.StreamReader, asyncio.StreamWriter]
-) -> None:
-    tasks = [asyncio.create_task(_copy(a[0], b[1])), asyncio.create_task(_copy(b[0], a[1]))]
-    try:
-        await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
-    finally:
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        a[1].close()
-        b[1].close()
 
 
 async def connect(

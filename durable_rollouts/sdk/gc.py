@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
+from .procs import pid_alive
 from .paths import rollouts_home
 
 if TYPE_CHECKING:
@@ -166,20 +167,6 @@ def _docker_candidates() -> list[_Candidate]:
     return out
 
 
-def _pid_alive(pid: int) -> bool:
-    """True for a running process (a zombie, exited but not yet reaped, counts as dead)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[-1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return True  # no /proc: trust kill(0)
-
-
 def substrates_dir() -> Path:
     """Where SubprocessRuntime keeps ``<safe key>/state.json`` per live child (H3's layout)."""
     return rollouts_home() / "substrates"
@@ -208,7 +195,7 @@ def _subprocess_candidates() -> list[_Candidate]:
                 "subprocess",
                 labels,
                 {"pid": pid, "pgid": int(state.get("pgid") or pid), "dir": str(path.parent)},
-                alive=_pid_alive(pid),
+                alive=pid_alive(pid),
             )
         )
     return out
@@ -262,7 +249,7 @@ async def find_orphans(
             reason = await _workflow_closed(client, workflow_id)
         elif not workflow_id and labels.get(LABEL_HOST) == host:
             owner = labels.get(LABEL_OWNER, "")
-            if owner.isdigit() and not _pid_alive(int(owner)):
+            if owner.isdigit() and not pid_alive(int(owner)):
                 reason = "owner process gone"
         if reason is not None:
             orphans.append(Orphan(cand.kind, key, reason, workflow_id, dict(cand.handle)))
@@ -287,7 +274,7 @@ def _remove(orphan: Orphan) -> None:
     else:
         pid = int(orphan.handle["pid"])
         pgid = int(orphan.handle.get("pgid") or pid)
-        if _pid_alive(pid):
+        if pid_alive(pid):
             try:
                 if pgid > 1 and pgid != os.getpgrp():
                     os.killpg(pgid, signal.SIGKILL)

@@ -37,6 +37,7 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from durable_rollouts.codec import data_converter
 from durable_rollouts.errors import ConfigError
 from durable_rollouts.sdk.paths import rollouts_home
+from durable_rollouts.sdk.procs import pid_alive
 from durable_rollouts.workflows.types import SEARCH_ATTRIBUTES
 
 __all__ = [
@@ -125,16 +126,6 @@ def _free_port(preferred: int | None = None) -> int:
         return int(sock.getsockname()[1])
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def _state_file(home: Path) -> Path:
     return home / "temporal.json"
 
@@ -171,7 +162,7 @@ async def ensure_dev_server(home: Path | None = None, *, port: int | None = None
         await asyncio.to_thread(fcntl.flock, lock, fcntl.LOCK_EX)
         try:
             state = _read_state(home)
-            if state is not None and _alive(state.pid) and _listening(state.port):
+            if state is not None and pid_alive(state.pid) and _listening(state.port):
                 return state
             port = port or _free_port(DEFAULT_PORT)
             ui_port = (ui_port or _free_port(DEFAULT_UI_PORT)) if ui else None
@@ -197,15 +188,15 @@ def stop_dev_server(home: Path | None = None, timeout: float = 10.0) -> bool:
     home = home or rollouts_home()
     state = _read_state(home)
     _state_file(home).unlink(missing_ok=True)
-    if state is None or not _alive(state.pid):
+    if state is None or not pid_alive(state.pid):
         return False
     os.kill(state.pid, signal.SIGTERM)
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and _alive(state.pid):
+    while time.monotonic() < deadline and pid_alive(state.pid):
         with contextlib.suppress(ChildProcessError):
             os.waitpid(state.pid, os.WNOHANG)
         time.sleep(0.05)
-    if _alive(state.pid):
+    if pid_alive(state.pid):
         os.kill(state.pid, signal.SIGKILL)
     return True
 

@@ -26,6 +26,7 @@ from typing import Any, ClassVar
 from ...errors import ConfigError, ProviderError, ReadyTimeoutError
 from ...models import Endpoint, ProviderSpec, Task
 from ...protocol import SERVE_PORT_ANNOUNCEMENT
+from ..procs import pid_alive
 from ..paths import rollouts_home, safe_name
 from .base import DurableProvider, Locality, log_tail
 
@@ -209,17 +210,7 @@ def _running(pid: int) -> bool:
     if child is not None and child.poll() is not None:
         _CHILDREN.pop(pid, None)
         return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return not Path("/proc/self").exists()  # no procfs: trust kill(0)
-    return stat.rsplit(")", 1)[-1].split()[0] not in ("Z", "X")
+    return pid_alive(pid)
 
 
 def _birth(pid: int) -> str | None:
