@@ -1,27 +1,26 @@
-"""The ``rollouts`` command (typer). This module only parses arguments and prints results.
+"""The ``rollouts`` command (typer): the entry point. Modules here only parse arguments.
 
-Commands here: ``rollouts serve ENV.py`` and ``rollouts task list|start|grade`` for checking an
-environment by hand against a running server. More commands are added by registering them on
-:data:`app` (or a sub-typer like :data:`task_app`) and wrapping their body in
-:func:`cli_errors`, so every bad input ends as one line on stderr with exit code 2 and never as a
-traceback.
+Commands: ``run``, ``resume``, ``worker``, ``server`` (``cli_batch``); ``jobs``, ``show``,
+``cancel``, ``export``, ``trace``, ``gc`` (``cli_inspect``); ``serve ENV.py`` and ``task
+list|start|grade`` (here) for checking an environment by hand. Their logic lives in
+``durable_rollouts.commands``. Every body runs under :func:`cli_errors` (or ``cli_common.drive``),
+so bad input ends as one ``error:`` line on stderr with exit code 2, never a traceback.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import os
 import sys
-from collections.abc import Iterator
-from typing import Annotated, Any, NoReturn
+from typing import Annotated, Any
 
 import typer
 from typer.exceptions import TyperException
 
-from .errors import ConfigError, DurableRolloutsError, ProtocolError, ReadyTimeoutError
-from .protocol import ErrorCode
+from . import cli_batch, cli_inspect
+from .cli_common import cli_errors, fail
+from .errors import ConfigError
 
 __all__ = ["URL_ENV_VAR", "app", "cli_errors", "fail", "main", "task_app"]
 
@@ -39,33 +38,9 @@ task_app = typer.Typer(
     no_args_is_help=True,
     pretty_exceptions_enable=False,
 )
+cli_batch.register(app)
+cli_inspect.register(app)
 app.add_typer(task_app, name="task")
-
-# Protocol errors that mean "the user asked for something wrong" rather than "it broke".
-_USER_ERROR_CODES = {ErrorCode.INVALID_PARAMS, ErrorCode.INVALID_REQUEST, ErrorCode.UNAUTHORIZED}
-
-
-def fail(message: str, code: int = 2) -> NoReturn:
-    """Print one ``error:`` line on stderr and exit with ``code``."""
-    typer.echo(f"error: {message}", err=True)
-    raise typer.Exit(code)
-
-
-@contextlib.contextmanager
-def cli_errors() -> Iterator[None]:
-    """Turn package errors into one stderr line: user mistakes exit 2, failures exit 1."""
-    try:
-        yield
-    except ConfigError as exc:
-        fail(str(exc), 2)
-    except ProtocolError as exc:
-        fail(exc.message, 2 if exc.code in _USER_ERROR_CODES else 1)
-    except ReadyTimeoutError as exc:
-        fail(f"no env server answered: {exc}", 1)
-    except DurableRolloutsError as exc:
-        fail(str(exc), 1)
-    except OSError as exc:
-        fail(f"{type(exc).__name__}: {exc}", 1)
 
 
 def _server_url(url: str | None, source: str | None = None) -> str:
@@ -204,7 +179,8 @@ def main(argv: list[str] | None = None) -> None:
     try:
         code = app(args=argv, prog_name="rollouts", standalone_mode=False)
     except (typer.Abort, KeyboardInterrupt):
-        typer.echo("aborted", err=True)
+        typer.echo("aborted (a job already started keeps its state in Temporal: `rollouts jobs`; "
+                   "finish it with `rollouts worker` or stop it with `rollouts cancel JOB`)", err=True)
         sys.exit(130)
     except typer.Exit as exc:
         sys.exit(exc.exit_code)
@@ -214,3 +190,7 @@ def main(argv: list[str] | None = None) -> None:
             typer.echo(f"error: {message}", err=True)
         sys.exit(getattr(exc, "exit_code", 2))
     sys.exit(code if isinstance(code, int) else 0)
+
+
+if __name__ == "__main__":
+    main()
