@@ -1,0 +1,239 @@
+"""``rollouts run``, ``resume``, ``worker`` and ``server``: argument parsing only.
+
+The bodies live in ``durable_rollouts.commands`` (imported lazily, so ``rollouts --help`` stays
+fast). ``register(app)`` adds the commands to the ``rollouts`` typer app.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from .cli_common import ConnectTimeoutOption, JsonOption, TemporalOption, drive, json_option
+
+__all__ = ["register"]
+
+_RUN_HELP = """Run every task of TASKS (a .py, .json or .jsonl file) GROUP times with an agent, durably.
+
+Starts one Temporal batch (on the embedded dev server with a worker in this process, unless --temporal or $ROLLOUTS_TEMPORAL_ADDRESS is set), prints its Web UI link, shows live progress and ends with a per-task summary. Exit code: 0 every rollout succeeded, 1 some did not (re-run them with `rollouts resume JOB`), 2 bad input.
+
+--agent: a built-in (fixed, table, sleep, fail), module:Class or file.py:Class, configured with --agent-config JSON.
+
+--runtime: local[:ENV.py] (served in the worker process), subprocess[:ENV.py], docker:IMAGE, ssh://USER@HOST[:PORT]/WORKDIR[?key=PATH], tcp://HOST:PORT (a running env server).
+
+--detach with the embedded server starts a background `rollouts worker --until-job JOB` that exits when the job has closed; against --temporal it relies on running workers.
+"""
+
+_RUN_EPILOG = """Examples:
+
+  rollouts run examples/letters/env.py --agent fixed --agent-config '{"answer": "3"}' --runtime local --group 4
+
+  rollouts run tasks.jsonl --agent agents.py:MyAgent --runtime subprocess:env.py -o runs.jsonl
+
+  rollouts run tasks.py --agent mypkg.agents:Solver --runtime docker:letters-env --temporal temporal:7233 --detach
+"""
+
+
+def register(app: typer.Typer) -> None:
+    """Add run, resume, worker and server to ``app``."""
+
+    @app.command(help=_RUN_HELP, epilog=_RUN_EPILOG)
+    def run(
+        tasks: Annotated[str, typer.Argument(help="taskset file: .py, .json or .jsonl")],
+        agent: Annotated[
+            str, typer.Option("--agent", help="built-in name, module:Class or file.py:Class")
+        ],
+        runtime: Annotated[
+            str,
+            typer.Option(
+                "--runtime", help="local, subprocess, docker:IMAGE, ssh://..., tcp://HOST:PORT"
+            ),
+        ] = "local",
+        agent_config: Annotated[
+            str | None, typer.Option("--agent-config", help="agent config as a JSON object")
+        ] = None,
+        group: Annotated[int, typer.Option("--group", help="rollouts per task (a GRPO group)")] = 1,
+        max_concurrent: Annotated[
+            int, typer.Option("--max-concurrent", help="rollouts in flight at once")
+        ] = 16,
+        rollout_timeout: Annotated[
+            float | None, typer.Option("--rollout-timeout", help="seconds per rollout attempt")
+        ] = None,
+        name: Annotated[
+            str | None, typer.Option("--name", help="job name (default: the taskset's)")
+        ] = None,
+        temporal: TemporalOption = None,
+        detach: Annotated[
+            bool, typer.Option("--detach", help="print the job id and return (see below)")
+        ] = False,
+        as_json: JsonOption = False,
+        output: Annotated[
+            str | None,
+            typer.Option("-o", "--output", help="write the runs as JSONL here ('-' = stdout)"),
+        ] = None,
+        worker: Annotated[
+            bool | None,
+            typer.Option(
+                "--worker/--no-worker",
+                help="run a worker in this process (default: only with the embedded server)",
+            ),
+        ] = None,
+        task_queue: Annotated[
+            str | None,
+            typer.Option(
+                "--task-queue", help="task queue (default $ROLLOUTS_TASK_QUEUE or 'rollouts')"
+            ),
+        ] = None,
+        connect_timeout: ConnectTimeoutOption = 5.0,
+    ) -> None:
+        from .commands.batch import RunOptions, run_batch
+
+        opts = RunOptions(
+            tasks=tasks,
+            agent=agent,
+            agent_config=json_option(agent_config, "--agent-config"),
+            runtime=runtime,
+            group=group,
+            max_concurrent=max_concurrent,
+            rollout_timeout=rollout_timeout,
+            name=name,
+            temporal=temporal,
+            detach=detach,
+            as_json=as_json,
+            output=output,
+            worker=worker,
+            task_queue=task_queue,
+            connect_timeout=connect_timeout,
+        )
+        drive(lambda out, err: run_batch(opts, out, err))
+
+    @app.command(
+        epilog="""Examples:
+
+      rollouts resume 3f2a9c...               # every rollout that did not succeed
+
+      rollouts resume 3f2a9c... --only errored --only timeout
+
+      rollouts resume 3f2a9c... --only ungraded -o runs.jsonl
+    """
+    )
+    def resume(
+        job: Annotated[
+            str, typer.Argument(help="job id (as printed by `rollouts run` / `rollouts jobs`)")
+        ],
+        only: Annotated[
+            list[str] | None,
+            typer.Option(
+                "--only",
+                help="failed, errored, cancelled, timeout, ungraded (repeatable, or comma-separated)",
+            ),
+        ] = None,
+        temporal: TemporalOption = None,
+        detach: Annotated[
+            bool, typer.Option("--detach", help="start the re-run and return")
+        ] = False,
+        as_json: JsonOption = False,
+        output: Annotated[
+            str | None,
+            typer.Option("-o", "--output", help="write the whole job's runs as JSONL here"),
+        ] = None,
+        worker: Annotated[
+            bool | None,
+            typer.Option(
+                "--worker/--no-worker",
+                help="run a worker in this process (default: only with the embedded server)",
+            ),
+        ] = None,
+        connect_timeout: ConnectTimeoutOption = 5.0,
+    ) -> None:
+        """Re-run only the selected rollouts of a finished job; every other result is kept.
+
+        Rollouts are matched by their stable ids (job, task slug, group index), never by comparing
+        configs. Without --only, every rollout that did not succeed is re-run. When nothing matches,
+        says so and exits 0. Exit code otherwise as for `run`.
+        """
+        from .commands.batch import resume_job
+
+        drive(
+            lambda out, err: resume_job(
+                job,
+                only,
+                out,
+                err,
+                temporal=temporal,
+                detach=detach,
+                as_json=as_json,
+                output=output,
+                worker=worker,
+                connect_timeout=connect_timeout,
+            )
+        )
+
+    @app.command(
+        "worker",
+        epilog="""Examples:
+
+      rollouts worker                                   # against the embedded dev server
+
+      rollouts worker --temporal temporal.internal:7233 --host-queue auto
+    """,
+    )
+    def worker_command(
+        temporal: TemporalOption = None,
+        task_queue: Annotated[
+            str,
+            typer.Option(
+                "--task-queue", envvar="ROLLOUTS_TASK_QUEUE", help="the shared task queue"
+            ),
+        ] = "rollouts",
+        host_queue: Annotated[
+            str | None,
+            typer.Option(
+                "--host-queue", help="'auto' = <queue>@<hostname> for host-local substrates"
+            ),
+        ] = None,
+        until_job: Annotated[
+            str | None, typer.Option("--until-job", help="exit once this job has closed")
+        ] = None,
+        connect_timeout: ConnectTimeoutOption = 5.0,
+    ) -> None:
+        """Run a worker (workflows and rollout steps) until Ctrl-C / SIGTERM."""
+        from .commands.service import run_worker
+
+        drive(
+            lambda out, err: run_worker(
+                temporal,
+                task_queue=task_queue,
+                host_queue=host_queue,
+                until_job=until_job,
+                connect_timeout=connect_timeout,
+                out=out,
+            )
+        )
+
+    @app.command(
+        epilog="""Examples:
+
+      rollouts server                 # then open the printed Web UI address
+
+      rollouts server --port 7233 --ui-port 8233
+    """
+    )
+    def server(
+        port: Annotated[
+            int | None, typer.Option("--port", help="gRPC port (default 7233, else a free one)")
+        ] = None,
+        ui_port: Annotated[
+            int | None,
+            typer.Option("--ui-port", help="Web UI port (default 8233, else a free one)"),
+        ] = None,
+        headless: Annotated[bool, typer.Option("--headless", help="no Web UI")] = False,
+    ) -> None:
+        """Run the embedded Temporal dev server (sqlite in $ROLLOUTS_HOME, Web UI) in the foreground.
+
+        Other commands without --temporal use it. If it is already running, prints its addresses.
+        """
+        from .commands.service import run_server
+
+        drive(lambda out, err: run_server(out, port=port, ui_port=ui_port, headless=headless))

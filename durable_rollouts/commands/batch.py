@@ -1,0 +1,338 @@
+"""``rollouts run`` and ``rollouts resume``: start batches, follow them, summarize, export.
+
+Without a Temporal address (option or ``$ROLLOUTS_TEMPORAL_ADDRESS``) the embedded dev server is
+used with a worker inside this process; ``--detach`` instead starts a background
+``rollouts worker --until-job JOB`` (its own session, log in ``$ROLLOUTS_HOME/workers/``) that
+exits once the job has closed, because an in-process worker cannot outlive the CLI. With an
+address, workers are expected to be running already (``--worker`` adds one in this process).
+Each function returns the exit code: 0 every rollout succeeded, 1 some did not.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import sys
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from ..errors import ConfigError
+from ..sdk.paths import rollouts_home
+from ..workflows.types import DEFAULT_TASK_QUEUE
+from . import render
+from .jobs import JobView, connect, load_job
+from .progress import follow
+from .resume import plan_resume, start_resume
+from .select import parse_only
+
+__all__ = ["RunOptions", "finish", "job_json", "resume_job", "run_batch", "ui_base", "write_export"]
+
+
+@dataclass
+class RunOptions:
+    tasks: str
+    agent: str
+    agent_config: dict[str, Any]
+    runtime: str
+    group: int = 1
+    max_concurrent: int = 16
+    rollout_timeout: float | None = None
+    name: str | None = None
+    temporal: str | None = None
+    detach: bool = False
+    as_json: bool = False
+    output: str | None = None
+    worker: bool | None = None
+    task_queue: str | None = None
+    connect_timeout: float = 5.0
+
+
+def ui_base(address: str | None) -> str | None:
+    """The Web UI base url: ``$ROLLOUTS_TEMPORAL_UI``, else the embedded server's (when it is the one used)."""
+    from ..sdk.temporal import resolve_address
+
+    explicit = os.environ.get("ROLLOUTS_TEMPORAL_UI")
+    if explicit:
+        return explicit
+    try:
+        state = json.loads((rollouts_home() / "temporal.json").read_text())
+    except (OSError, ValueError):
+        return None
+    resolved = resolve_address(address)
+    if resolved is not None and resolved != f"127.0.0.1:{state.get('port')}":
+        return None
+    return f"http://127.0.0.1:{state['ui_port']}" if state.get("ui_port") else None
+
+
+def _address(client: Any) -> str:
+    return str(client.service_client.config.target_host)
+
+
+@contextlib.asynccontextmanager
+async def _in_process_worker(client: Any, task_queue: str, enabled: bool) -> AsyncIterator[None]:
+    if not enabled:
+        yield
+        return
+    from ..worker import build_worker
+
+    async with build_worker(client, task_queue=task_queue):
+        yield
+
+
+def _announce(err: Console, view_id: str, what: str, ui: str | None) -> None:
+    err.print(f"job {view_id}: {what}", highlight=False)
+    link = render.ui_link(ui, view_id)
+    if link:
+        err.print(f"Web UI: {link}", highlight=False, soft_wrap=True)
+
+
+async def finish(
+    client: Any, job_id: str, out: Console, *, as_json: bool, output: str | None, ui: str | None
+) -> int:
+    """Summarize the whole job (and export it with ``output``); 0 if every rollout succeeded."""
+    if output == "-" and as_json:
+        raise ConfigError("-o - and --json both write to stdout: pick one")
+    view = await load_job(client, job_id, traces=output is not None)
+    runs = view.runs
+    if output is not None:
+        write_export(view, output)
+        if output == "-":
+            out = Console(
+                stderr=True, markup=False, highlight=False, width=out.width
+            )  # stdout has the runs
+    failed = [r for r in runs if r.status != "succeeded"]
+    if as_json:
+        out.print_json(json.dumps(job_json(view, ui)))
+    else:
+        out.print(render.summary_table(render.task_summary(runs)))
+        out.print(render.totals_line(runs), highlight=False)
+        if failed:
+            out.print(
+                f"re-run the {len(failed)} unsuccessful rollout(s) with: rollouts resume {job_id}",
+                highlight=False,
+            )
+        if output is not None:
+            out.print(
+                f"wrote {len(runs)} runs to {'stdout' if output == '-' else output}",
+                highlight=False,
+            )
+    return 1 if failed else 0
+
+
+def job_json(view: JobView, ui: str | None) -> dict[str, Any]:
+    runs = view.runs
+    rewards = [r.reward for r in runs if r.reward is not None]
+    first = view.batches[0].input
+    return {
+        "job_id": view.job_id,
+        "name": view.name,
+        "status": view.status,
+        "taskset": first.taskset_name,
+        "agent": first.agent.path,
+        "runtime": first.provider.kind,
+        "group": first.group,
+        "batches": [
+            {
+                "workflow_id": b.workflow_id,
+                "status": b.status,
+                "started_at": b.started_at.isoformat() if b.started_at else None,
+                "closed_at": b.closed_at.isoformat() if b.closed_at else None,
+            }
+            for b in view.batches
+        ],
+        "ui": render.ui_link(ui, view.job_id),
+        "counts": render.status_counts(runs),
+        "reward": sum(rewards) / len(rewards) if rewards else None,
+        "tasks": render.task_summary(runs),
+        "rollouts": [
+            {
+                "rollout_id": r.rollout_id,
+                "slug": r.slug,
+                "group_id": r.group_id,
+                "group_index": r.group_index,
+                "status": r.status,
+                "reward": r.reward,
+                "attempts": r.attempts,
+                "error_phase": r.error_phase,
+                "error": r.error,
+            }
+            for r in runs
+        ],
+    }
+
+
+def write_export(view: JobView, output: str) -> int:
+    lines = [json.dumps(render.export_record(run), default=str) + "\n" for run in view.runs]
+    if output == "-":
+        sys.stdout.write("".join(lines))
+    else:
+        path = Path(output)
+        if path.parent and not path.parent.exists():
+            raise ConfigError(f"output folder does not exist: {path.parent}")
+        path.write_text("".join(lines))
+    return len(lines)
+
+
+async def run_batch(opts: RunOptions, out: Console, err: Console) -> int:
+    from ..sdk.job import Job
+    from ..sdk.orchestrate import QUEUE_ENV, start_job
+    from ..sdk.temporal import resolve_address
+    from ..sdk.validation import validate_batch
+    from .specs import check_sources, load_agent_spec, load_tasks, parse_runtime
+
+    if opts.output == "-" and opts.as_json:
+        raise ConfigError("-o - and --json both write to stdout: pick one")
+    if opts.output is not None and opts.detach:
+        raise ConfigError(
+            "-o needs an attached run; with --detach, export later: rollouts export JOB -o FILE"
+        )
+    if opts.output is not None and opts.output != "-" and not Path(opts.output).parent.exists():
+        raise ConfigError(f"-o {opts.output}: folder {Path(opts.output).parent} does not exist")
+    taskset = load_tasks(opts.tasks, opts.name)
+    agent = load_agent_spec(opts.agent, opts.agent_config)
+    runtime = parse_runtime(opts.runtime)
+    check_sources(taskset, runtime)
+    validate_batch(
+        list(taskset),
+        runtime=runtime,
+        group=opts.group,
+        max_concurrent=opts.max_concurrent,
+        rollout_timeout=opts.rollout_timeout,
+        agent_timeout=agent.timeout_s,
+    )
+    embedded = resolve_address(opts.temporal) is None
+    if opts.detach or not embedded:
+        from ..sdk.agents import check_remote
+
+        check_remote(agent.spec())
+    client = await connect(opts.temporal, opts.connect_timeout)
+    in_process = (embedded and not opts.detach) if opts.worker is None else opts.worker
+    job = Job(name=opts.name or taskset.name, group=opts.group, taskset=taskset.name)
+    queue = opts.task_queue or os.environ.get(QUEUE_ENV) or DEFAULT_TASK_QUEUE
+    if opts.detach and embedded and opts.task_queue is None:
+        # The background worker serves this job only: it never hosts another job's substrates
+        # when it exits, and attached runs never wait on it.
+        queue = f"{DEFAULT_TASK_QUEUE}-job-{job.id}"
+    handle = await start_job(
+        taskset,
+        agent,
+        runtime=runtime,
+        group=opts.group,
+        max_concurrent=opts.max_concurrent,
+        job=job,
+        rollout_timeout=opts.rollout_timeout,
+        temporal=client,
+        name=opts.name,
+        worker=in_process,
+        task_queue=queue,
+    )
+    ui = ui_base(opts.temporal)
+    total = len(taskset) * opts.group
+    if opts.detach:
+        return _detached(
+            job.id, handle.workflow_id, client, queue, embedded, ui, out, err, opts.as_json
+        )
+    _announce(
+        err,
+        job.id,
+        f"{len(taskset)} tasks x {opts.group} = {total} rollouts, agent {agent.spec().path}, "
+        f"runtime {runtime.spec().kind}",
+        ui,
+    )
+    await follow(handle.handle, err, total=total, label="rollouts")
+    return await finish(client, job.id, out, as_json=opts.as_json, output=opts.output, ui=ui)
+
+
+def _detached(
+    job_id: str,
+    wf_id: str,
+    client: Any,
+    queue: str,
+    embedded: bool,
+    ui: str | None,
+    out: Console,
+    err: Console,
+    as_json: bool,
+) -> int:
+    worker: dict[str, Any] = {}
+    if embedded:
+        from .service import spawn_worker
+
+        pid, log = spawn_worker(_address(client), queue, job_id)
+        worker = {"worker_pid": pid, "worker_log": str(log)}
+        note = (
+            f"a background worker (pid {pid}, log {log}) runs it and exits when the job has closed"
+        )
+    else:
+        note = (
+            f"the workers polling task queue {queue!r} run it (start some with `rollouts worker`)"
+        )
+    if as_json:
+        out.print_json(
+            json.dumps(
+                {"job_id": job_id, "workflow_id": wf_id, "ui": render.ui_link(ui, job_id), **worker}
+            )
+        )
+    else:
+        out.print(job_id, highlight=False)
+        err.print(f"detached: {note}; follow it with `rollouts show {job_id}`", highlight=False)
+        link = render.ui_link(ui, job_id)
+        if link:
+            err.print(f"Web UI: {link}", highlight=False, soft_wrap=True)
+    return 0
+
+
+async def resume_job(
+    job_id: str,
+    only: list[str] | None,
+    out: Console,
+    err: Console,
+    *,
+    temporal: str | None,
+    detach: bool = False,
+    as_json: bool = False,
+    output: str | None = None,
+    worker: bool | None = None,
+    connect_timeout: float = 5.0,
+) -> int:
+    from ..sdk.temporal import resolve_address
+    from .specs import add_cwd_to_path
+
+    selectors = parse_only(only)
+    client = await connect(temporal, connect_timeout)
+    view = await load_job(client, job_id)
+    plans = plan_resume(view, selectors)
+    ui = ui_base(temporal)
+    if not plans:
+        what = "unsuccessful" if selectors is None else "/".join(sorted(selectors))
+        err.print(f"nothing to resume: job {view.job_id} has no {what} rollouts", highlight=False)
+        if as_json:
+            out.print_json(json.dumps({"job_id": view.job_id, "resumed": 0}))
+        return 0
+    add_cwd_to_path()  # the agent's module, for a worker in this process
+    embedded = resolve_address(temporal) is None
+    in_process = (embedded and not detach) if worker is None else worker
+    queues = {p.batch.input.task_queue for p in plans}
+    rerun = sum(len(p.rerun) for p in plans)
+    async with contextlib.AsyncExitStack() as stack:
+        for queue in sorted(queues):
+            await stack.enter_async_context(_in_process_worker(client, queue, in_process))
+        handles = [await start_resume(client, view.job_id, plan) for plan in plans]
+        if detach:
+            return _detached(
+                view.job_id, handles[0].id, client, min(queues), embedded, ui, out, err, as_json
+            )
+        _announce(
+            err,
+            view.job_id,
+            f"re-running {rerun} rollout(s), keeping {sum(len(p.kept) for p in plans)}",
+            ui,
+        )
+        for plan, handle in zip(plans, handles):
+            await follow(handle, err, total=plan.total, label=f"batch {plan.batch.index}")
+        return await finish(client, view.job_id, out, as_json=as_json, output=output, ui=ui)

@@ -1,0 +1,220 @@
+"""Long-running CLI services: ``rollouts server`` (embedded Temporal), ``rollouts worker``, ``gc``,
+and the detached background worker of ``run --detach`` (``spawn_worker`` / ``wait_closed``).
+
+``server`` starts the embedded dev server the other commands reuse (``$ROLLOUTS_HOME/temporal.json``)
+and keeps it in the foreground until Ctrl-C/SIGTERM, then stops it. ``worker --until-job`` is
+the background worker of ``run --detach``: it exits once that job has closed. Imports temporalio
+and the worker lazily.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from ..sdk.paths import rollouts_home
+from ..workflows import workflow_id
+
+__all__ = ["collect_garbage", "run_server", "run_worker", "spawn_worker", "wait_closed"]
+
+
+def _running_server() -> dict[str, Any] | None:
+    """The embedded server recorded in ``$ROLLOUTS_HOME/temporal.json`` if it still answers."""
+    try:
+        state = json.loads((rollouts_home() / "temporal.json").read_text())
+        os.kill(int(state["pid"]), 0)
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    with socket.socket() as sock:
+        sock.settimeout(0.5)
+        if sock.connect_ex(("127.0.0.1", int(state["port"]))) != 0:
+            return None
+    return state
+
+
+def _stop_event() -> asyncio.Event:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(sig, stop.set)
+    return stop
+
+
+async def run_server(out: Console, *, port: int | None, ui_port: int | None, headless: bool) -> int:
+    """Run the embedded Temporal dev server in the foreground (reuse it if one already runs)."""
+    from ..sdk.temporal import ensure_dev_server, stop_dev_server
+
+    running = _running_server()
+    if running is not None:
+        ui = (
+            f"http://127.0.0.1:{running['ui_port']}"
+            if running.get("ui_port")
+            else "none (headless)"
+        )
+        out.print(
+            f"already running (pid {running['pid']}): gRPC 127.0.0.1:{running['port']}, Web UI {ui}",
+            highlight=False,
+        )
+        return 0
+    stop = _stop_event()
+    server = await ensure_dev_server(port=port, ui_port=ui_port, ui=not headless)
+    try:
+        out.print(f"Temporal gRPC: {server.address}", highlight=False)
+        out.print(f"Web UI:        {server.ui_url or 'none (headless)'}", highlight=False)
+        out.print(f"database:      {server.db_file}", highlight=False)
+        out.print("other `rollouts` commands use this server; Ctrl-C stops it", highlight=False)
+        while not stop.is_set():
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(stop.wait(), 1.0)
+            if _running_server() is None:
+                out.print("the Temporal server exited", highlight=False)
+                return 1
+    finally:
+        await asyncio.to_thread(stop_dev_server)
+    return 0
+
+
+async def run_worker(
+    address: str | None,
+    *,
+    task_queue: str,
+    host_queue: str | None,
+    until_job: str | None,
+    connect_timeout: float,
+    out: Console,
+) -> int:
+    """Poll ``task_queue`` until Ctrl-C/SIGTERM (or, with ``until_job``, until that job closed)."""
+    from ..worker import build_worker
+    from .jobs import connect
+
+    client = await connect(address, connect_timeout)
+    worker = build_worker(
+        client, task_queue=task_queue, host_queue=host_queue, process_queue="auto"
+    )
+    stop = _stop_event()
+    async with worker:
+        queues = ", ".join([task_queue, *worker.queues.extra])
+        out.print(
+            f"ROLLOUTS_WORKER_READY queue={task_queue} ({queues}) on "
+            f"{client.service_client.config.target_host}",
+            highlight=False,
+        )
+        waiters = [asyncio.ensure_future(stop.wait())]
+        if until_job is not None:
+            waiters.append(asyncio.ensure_future(wait_closed(client, until_job)))
+        done, pending = await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
+        for fut in pending:
+            fut.cancel()
+        for fut in done:
+            fut.result()
+    if until_job is not None and not stop.is_set():
+        out.print(f"job {until_job} has closed; worker exiting", highlight=False)
+    return 0
+
+
+async def collect_garbage(
+    out: Console, *, dry_run: bool, job: str | None, temporal: str | None, connect_timeout: float
+) -> int:
+    """Remove substrates whose rollout is over (H7's ``sdk.gc``)."""
+    import importlib.util
+
+    from ..errors import ConfigError
+
+    if importlib.util.find_spec("durable_rollouts.sdk.gc") is None:
+        raise ConfigError("orphan collection is not available in this installation")
+    from ..sdk import gc
+    from .jobs import connect
+
+    client = None
+    try:
+        client = await connect(temporal, connect_timeout)
+    except ConfigError as exc:
+        out.print(f"warning: {exc}; only deadlines and dead processes count", highlight=False)
+    prefix = "" if job is None else f"job-{job.removeprefix('job-')}"
+    orphans = await gc.collect(client, dry_run=dry_run, prefix=prefix)
+    out.print(gc.format_orphans(orphans, dry_run=dry_run), highlight=False)
+    return 0 if dry_run or all(o.removed for o in orphans) else 1
+
+
+def spawn_worker(address: str, task_queue: str, job_id: str) -> tuple[int, Path]:
+    """Start a detached ``rollouts worker --until-job`` process; returns (pid, log file)."""
+    folder = rollouts_home() / "workers"
+    folder.mkdir(parents=True, exist_ok=True)
+    log = folder / f"{job_id}.log"
+    env = dict(os.environ)
+    paths = [p for p in sys.path if p and os.path.isdir(p)]  # the agent's and taskset's folders too
+    env["PYTHONPATH"] = os.pathsep.join(
+        dict.fromkeys(paths + env.get("PYTHONPATH", "").split(os.pathsep))
+    )
+    with log.open("ab") as out:
+        proc = subprocess.Popen(
+            # -P: the worker imports exactly what this process imported (PYTHONPATH), not from its cwd
+            [
+                sys.executable,
+                "-P",
+                "-m",
+                "durable_rollouts.cli",
+                "worker",
+                "--temporal",
+                address,
+                "--task-queue",
+                task_queue,
+                "--until-job",
+                job_id,
+            ],
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
+        )
+    return proc.pid, log
+
+
+async def wait_closed(
+    client: Any, job_id: str, poll_s: float = 1.0, give_up_s: float = 60.0
+) -> None:
+    """Return once every batch of ``job_id`` and its Rollout children have closed.
+
+    Used by ``rollouts worker --until-job``. Also returns when the job never shows up, or when
+    Temporal stays unreachable, for ``give_up_s``.
+    """
+    from temporalio.client import WorkflowExecutionStatus
+    from temporalio.service import RPCError
+
+    from .control import running_children
+    from .jobs import describe
+
+    loop = asyncio.get_running_loop()
+    last_seen = loop.time()
+    while True:
+        try:
+            states = []
+            index = 0
+            while (desc := await describe(client, workflow_id(job_id, index))) is not None:
+                states.append(desc.status)
+                index += 1
+            if (
+                states
+                and WorkflowExecutionStatus.RUNNING not in states
+                and not await running_children(client, job_id)
+            ):
+                return
+        except RPCError:
+            states = []
+        if states:
+            last_seen = loop.time()
+        elif loop.time() - last_seen > give_up_s:
+            return
+        await asyncio.sleep(poll_s)
