@@ -164,23 +164,44 @@ async def ensure_dev_server(home: Path | None = None, *, port: int | None = None
             state = _read_state(home)
             if state is not None and pid_alive(state.pid) and _listening(state.port):
                 return state
-            port = port or _free_port(DEFAULT_PORT)
-            ui_port = (ui_port or _free_port(DEFAULT_UI_PORT)) if ui else None
-            db_file = home / "temporal.db"
-            log = (home / "temporal.log").open("ab")
-            proc = subprocess.Popen(dev_server_args(port, ui_port, db_file), stdin=subprocess.DEVNULL,
-                                    stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-            log.close()
-            state = DevServer(pid=proc.pid, port=port, ui_port=ui_port, db_file=str(db_file))
-            try:
-                await _wait_ready(state.address, proc, timeout)
-            except BaseException:
-                proc.kill()
-                raise
-            _state_file(home).write_text(json.dumps(asdict(state)))
-            return state
+            for attempt in range(3):
+                # The default ports first; if another server took them meanwhile, random ones.
+                state = await _start_dev_server(
+                    home,
+                    port or _free_port(DEFAULT_PORT if attempt == 0 else None),
+                    (ui_port or _free_port(DEFAULT_UI_PORT if attempt == 0 else None)) if ui else None,
+                    timeout,
+                )
+                if state is not None:
+                    _state_file(home).write_text(json.dumps(asdict(state)))
+                    return state
+            raise ConfigError("the embedded Temporal server could not bind its ports (see temporal.log)")
         finally:
             fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+async def _start_dev_server(home: Path, port: int, ui_port: int | None, timeout: float) -> DevServer | None:
+    """Start one server; None when it exited right away (its port was taken by someone else)."""
+    db_file = home / "temporal.db"
+    with (home / "temporal.log").open("ab") as log:
+        proc = subprocess.Popen(dev_server_args(port, ui_port, db_file), stdin=subprocess.DEVNULL,
+                                stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    state = DevServer(pid=proc.pid, port=port, ui_port=ui_port, db_file=str(db_file))
+    try:
+        await _wait_ready(state.address, proc, timeout)
+        # Another process's server on the same port also answers: make sure ours is the one alive.
+        await asyncio.sleep(0.5)
+    except ConfigError:
+        if proc.poll() is not None:
+            return None  # exited at once: most likely its port was taken
+        proc.kill()
+        raise
+    except BaseException:
+        proc.kill()
+        raise
+    if proc.poll() is not None:
+        return None
+    return state
 
 
 def stop_dev_server(home: Path | None = None, timeout: float = 10.0) -> bool:
