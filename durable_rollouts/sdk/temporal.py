@@ -80,7 +80,13 @@ def dev_server_args(port: int, ui_port: int | None, db_file: Path | str | None, 
             # one partition per task queue: a single host gains nothing from partitions, and
             # forwarding between them adds tens of ms to every task dispatch
             "--dynamic-config-value", "matching.numTaskqueueReadPartitions=1",
-            "--dynamic-config-value", "matching.numTaskqueueWritePartitions=1"]
+            "--dynamic-config-value", "matching.numTaskqueueWritePartitions=1",
+            # the history shard's transfer-queue reader is rate limited to 20 polls/s by
+            # default: every hop (workflow task dispatch, child start, child-completed
+            # notification) then waits ~50 ms, ~250 ms for a parent + child round trip.
+            # Polls are triggered by new tasks (no idle cost); lifting the cap takes the
+            # round trip to ~25-30 ms.
+            "--dynamic-config-value", "history.transferProcessorMaxPollRPS=1000"]
     if ui_port is None:
         args.append("--headless")
     else:
