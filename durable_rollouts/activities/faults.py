@@ -4,6 +4,9 @@ Set ``ROLLOUTS_FAULTS`` to a comma-separated list of points (e.g. ``after_grade`
 ``ROLLOUTS_FAULTS_DIR`` to a directory. At a listed point the process SIGKILLs itself, after
 creating the marker file ``<dir>/<point>.fired`` so that the fault fires only once across all
 worker processes. Without both variables this module does nothing. Never set them in production.
+Points (``activities/rollout.py``): ``after_provision``, ``after_connect``, ``after_start``,
+``after_agent``, ``after_grade``, ``after_verify`` (the step did its work, its result is not
+recorded yet), ``before_teardown`` (the substrate is still up) and ``after_teardown``.
 Imports only the standard library.
 """
 

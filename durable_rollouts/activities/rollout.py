@@ -128,12 +128,16 @@ class RolloutActivities:
     @activity.defn(name=ACT_CONNECT)
     async def connect(self, inp: ConnectInput) -> Session:
         with map_errors():
-            return await steps.connect(inp)
+            session = await steps.connect(inp)
+        maybe_crash("after_connect")  # test-only: a session is open, the result is not recorded
+        return session
 
     @activity.defn(name=ACT_START)
     async def start(self, inp: StartInput) -> dict[str, Any]:
         with map_errors():
-            return await steps.start(inp)
+            prompt = await steps.start(inp)
+        maybe_crash("after_start")
+        return prompt
 
     @activity.defn(name=ACT_AGENT)
     async def agent(self, inp: AgentInput) -> AgentResult:
@@ -153,9 +157,13 @@ class RolloutActivities:
     @activity.defn(name=ACT_VERIFY)
     async def verify(self, inp: VerifyInput) -> Grade:
         with map_errors():
-            return await self._beating(steps.verify(inp))
+            grade = await self._beating(steps.verify(inp))
+        maybe_crash("after_verify")
+        return grade
 
     @activity.defn(name=ACT_TEARDOWN)
     async def teardown(self, inp: TeardownInput) -> None:
+        maybe_crash("before_teardown")  # test-only: the substrate is still up
         with map_errors():
             await steps.teardown(inp)
+        maybe_crash("after_teardown")

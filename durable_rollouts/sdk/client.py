@@ -82,6 +82,12 @@ class _Stream:
                 self.proto.receive_data(data)
             else:
                 self.proto.receive_eof()
+                tail = self.proto.events_received()
+                if any(isinstance(e, FrameError) for e in tail):
+                    # an unterminated, unparsable last line: the connection was cut mid-frame
+                    # (a transport failure to retry, not a bad frame the server meant to send)
+                    raise ConnectionLostError("the control channel closed mid-frame")
+                self._events.extend(tail)
             self._events.extend(self.proto.events_received())
         event = self._events.pop(0)
         if isinstance(event, FrameError):

@@ -13,9 +13,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
+import os
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from ..errors import (
@@ -48,6 +51,7 @@ from .client import EnvClient
 from .client import connect as _open
 from .client import parse_url
 from .providers import DurableProvider, provider_from_spec
+from .paths import rollouts_home, safe_name
 from .run import Run
 from .tracestore import TraceStore
 
@@ -293,7 +297,8 @@ async def verify(inp: VerifyInput, *, provider: DurableProvider | None = None) -
     """Grade ``inp.task.verifier`` with the actor's result; never re-runs the agent.
 
     Same env and no runtime_config: a new session on the actor's server. Otherwise the verifier
-    is provisioned under ``f"{key}-verifier"`` and always released afterwards.
+    is provisioned under ``f"{key}-verifier"`` and always released afterwards; its verdict is
+    kept under ``$ROLLOUTS_HOME/verdicts`` until teardown so a retried step never grades twice.
     """
     verifier = inp.task.verifier
     if verifier is None:
@@ -304,12 +309,55 @@ async def verify(inp: VerifyInput, *, provider: DurableProvider | None = None) -
         return await _grade_verifier(client, verifier, inp.actor_raw)
     provider = provider or provider_from_spec(inp.provider)
     provider.check_config(verifier.runtime_config, what=f"verifier of {inp.task.slug}")
+    # A verdict reached by an earlier try of this step (its worker died before the result was
+    # recorded) is kept on this host ($ROLLOUTS_HOME/verdicts, dropped at teardown): the verifier
+    # grades once, like the actor's env does.
+    verdict = _verdict_path(inp.key)
+    cached = _read_verdict(verdict)
+    if cached is not None:
+        grade, released = cached
+        if not released:  # the crash came between the verdict and the release
+            await provider.release(await provider.acquire(verifier, f"{inp.key}-verifier"))
+            _write_verdict(verdict, grade, released=True)
+        return grade
     endpoint = await provider.acquire(verifier, f"{inp.key}-verifier")
     try:
         client = await _fresh(endpoint, _ready_timeout(endpoint))
-        return await _grade_verifier(client, verifier, inp.actor_raw)
+        grade = await _grade_verifier(client, verifier, inp.actor_raw)
+        _write_verdict(verdict, grade, released=False)
     finally:
         await provider.release(endpoint)
+    _write_verdict(verdict, grade, released=True)
+    return grade
+
+
+def _verdict_path(key: str) -> Path:
+    return rollouts_home() / "verdicts" / f"{safe_name(key)}.json"
+
+
+def _read_verdict(path: Path) -> tuple[Grade, bool] | None:
+    try:
+        data = json.loads(path.read_bytes())
+        return Grade.model_validate(data["grade"]), bool(data.get("released"))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def _write_verdict(path: Path, grade: Grade, *, released: bool) -> None:
+    with contextlib.suppress(OSError):  # best effort: without it a crash may re-grade
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps({"grade": grade.model_dump(mode="json"), "released": released}))
+        os.replace(tmp, path)
+
+
+def forget_verdicts(key: str) -> None:
+    """Drop the cached verifier verdicts of the rollout attempt placed under ``key``."""
+    folder = rollouts_home() / "verdicts"
+    name = safe_name(key)
+    for path in (folder / f"{name}.json", *folder.glob(f"{name}-v*.json")):
+        with contextlib.suppress(OSError):
+            path.unlink()
 
 
 async def _grade_verifier(client: EnvClient, verifier: Task, actor_raw: dict[str, Any]) -> Grade:
@@ -341,6 +389,7 @@ async def teardown_with(endpoint: Endpoint, session: Session | None, provider: D
         with contextlib.suppress(Exception):
             await asyncio.wait_for(_end_session(endpoint, session), 5.0)
     await provider.release(endpoint)
+    forget_verdicts(endpoint.key)
 
 
 async def _end_session(endpoint: Endpoint, session: Session) -> None:

@@ -113,6 +113,15 @@ def _is_timeout(err: BaseException) -> bool:
     return isinstance(_cause(err), TemporalTimeoutError)
 
 
+def _is_heartbeat_timeout(err: BaseException) -> bool:
+    cause = _cause(err)
+    return isinstance(cause, TemporalTimeoutError) and cause.type == TimeoutType.HEARTBEAT
+
+
+# Fresh schedules of the agent step after every attempt timed out on heartbeats (a lost worker).
+_AGENT_LOST_WORKER_ROUNDS = 3
+
+
 def _message(err: BaseException) -> str:
     cause = _cause(err) or err
     if isinstance(cause, ApplicationError) and cause.type:
@@ -240,17 +249,28 @@ class Rollout:
         agent_input = AgentInput(endpoint=endpoint, session=session, task=inp.task, prompt=prompt,
                                  agent=inp.agent, rollout_id=inp.rollout_id, job_id=inp.job_id,
                                  group_id=inp.group_id)
-        try:
-            return await self._step(ACT_AGENT, agent_input, AgentResult, endpoint)
-        except STEP_FAILURES as err:
-            if is_substrate_gone(err) or _is_cancelled(err):
-                raise
-            if _is_config_error(err):
-                self._agent_config_error = _message(err)
-                return None
-            # Any other agent failure is still graded, best effort.
-            status = "timeout" if _is_timeout(err) else "error"
-            return AgentResult(status=status, error=_message(err))
+        lost = 0
+        while True:
+            try:
+                return await self._step(ACT_AGENT, agent_input, AgentResult, endpoint)
+            except STEP_FAILURES as err:
+                if is_substrate_gone(err) or _is_cancelled(err):
+                    raise
+                if _is_config_error(err):
+                    self._agent_config_error = _message(err)
+                    return None
+                # Every attempt lost its worker (heartbeat timeouts): a hung (e.g. SIGSTOPped)
+                # worker's open long polls swallow retries until they expire (~70 s), so all
+                # attempts can be spent in ~40 s. Schedule the step afresh a few times.
+                if (_is_heartbeat_timeout(err) and lost < _AGENT_LOST_WORKER_ROUNDS
+                        and workflow.patched("agent-rerun-on-lost-worker")):
+                    lost += 1
+                    workflow.logger.warning("rollout %s: agent lost its worker on every attempt; "
+                                            "scheduling it again (%d)", inp.rollout_id, lost)
+                    continue
+                # Any other agent failure is still graded, best effort.
+                status = "timeout" if _is_timeout(err) else "error"
+                return AgentResult(status=status, error=_message(err))
 
     async def _verify(self, inp: RolloutInput, endpoint: Endpoint, session: Session,
                       actor_raw: dict[str, Any], attempt: int) -> Grade:
