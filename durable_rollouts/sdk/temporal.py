@@ -32,7 +32,6 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from temporalio.client import Client
-from temporalio.contrib.pydantic import pydantic_data_converter
 
 from durable_rollouts.codec import data_converter
 from durable_rollouts.errors import ConfigError

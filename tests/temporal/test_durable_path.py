@@ -146,13 +146,13 @@ async def test_histories_replay_deterministically(client, task_queue, evidence: 
     """The recorded histories of a batch (parent and children) replay without nondeterminism."""
     from temporalio.worker import Replayer
 
-    from durable_rollouts.sdk.temporal import pydantic_data_converter
+    from durable_rollouts.codec import data_converter
     from durable_rollouts.workflows import Rollout
 
     ts = Taskset("echoes", [echo("a"), echo("b", grade_log=str(evidence / "g.log"))])
     job = await run_taskset(ts, FailAgent(), runtime=SubprocessRuntime(ENV_FILE), group=2,
                             temporal=client, worker=True, task_queue=task_queue)
-    replayer = Replayer(workflows=[TasksetRun, Rollout], data_converter=pydantic_data_converter)
+    replayer = Replayer(workflows=[TasksetRun, Rollout], data_converter=data_converter())
     for wid in [workflow_id(job.id)] + [r.rollout_id for r in job.runs]:
         history = await client.get_workflow_handle(wid).fetch_history()
         await replayer.replay_workflow(history)

@@ -14,15 +14,16 @@ imports models and errors only; each provider lives in its own module.
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from abc import ABC, abstractmethod
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
-from ...errors import ConfigError
+from ...errors import ConfigError, ProviderError, ReadyTimeoutError
 from ...models import Endpoint, ProviderSpec, RuntimeConfig, Task
 
 __all__ = ["DurableProvider", "Locality", "Runtime", "log_tail"]
@@ -147,3 +148,44 @@ def log_tail(path: str | Path, lines: int = 50) -> str:
     except OSError:
         return ""
     return "\n".join(data.decode(errors="replace").splitlines()[-lines:])
+
+
+async def probe_ready(
+    url: str,
+    token: str | None,
+    timeout: float,
+    *,
+    died: Callable[[], Awaitable[str | None]],
+    timed_out: Callable[[ReadyTimeoutError], Awaitable[str]],
+    poll_s: float = 0.25,
+) -> None:
+    """``hello`` a fresh substrate until it answers, failing fast if it dies meanwhile.
+
+    ``died()`` returns a message (with logs) once the substrate is gone, else None;
+    ``timed_out(exc)`` builds the message of the ``ReadyTimeoutError`` raised after ``timeout``.
+    The probe's session is closed with ``bye``: the rollout opens its own.
+    """
+    from ..client import connect
+
+    probe = asyncio.ensure_future(connect(url, ready_timeout=timeout, token=token, keepalive_s=None))
+    try:
+        while True:
+            done, _ = await asyncio.wait({probe}, timeout=poll_s)
+            if done:
+                break
+            message = await died()
+            if message is not None:
+                raise ProviderError(message)
+        try:
+            client = probe.result()
+        except ReadyTimeoutError as exc:
+            raise ReadyTimeoutError(await timed_out(exc)) from exc
+        try:
+            await client.bye()
+        finally:
+            await client.close()
+    finally:
+        if not probe.done():
+            probe.cancel()
+            with suppress(asyncio.CancelledError, Exception):
+                await probe

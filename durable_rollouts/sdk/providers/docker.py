@@ -22,14 +22,13 @@ import secrets
 import socket
 import threading
 import time
-from contextlib import suppress
 from typing import Any, ClassVar
 
 from ...errors import ConfigError, ProviderError, ReadyTimeoutError
 from ...models import Endpoint, ProviderSpec, RuntimeConfig, Task
 from ..gc import LABEL_DEADLINE, LABEL_KEY, owner_labels
 from ..paths import safe_name
-from .base import DurableProvider, Locality
+from .base import DurableProvider, Locality, probe_ready
 
 __all__ = ["DockerRuntime", "container_name"]
 
@@ -384,36 +383,19 @@ class DockerRuntime(DurableProvider):
         self, container: Any, url: str, token: str | None, timeout: float
     ) -> None:
         """``hello`` through the published port, failing fast (with logs) if the container dies."""
-        from ..client import connect
 
-        probe = asyncio.ensure_future(
-            connect(url, ready_timeout=timeout, token=token, keepalive_s=None)
-        )
-        try:
-            while True:
-                done, _ = await asyncio.wait({probe}, timeout=0.25)
-                if done:
-                    break
-                status, code, _port = await asyncio.to_thread(self._state, container)
-                if status != "running":
-                    raise ProviderError(await self._died_message(container, status, code))
-            try:
-                client = probe.result()
-            except ReadyTimeoutError as exc:
-                logs = await asyncio.to_thread(self._logs, container)
-                raise ReadyTimeoutError(
-                    f"container {container.name} did not answer within {timeout:g}s ({exc}); "
-                    f"last {LOG_TAIL_LINES} log lines:\n{logs}"
-                ) from exc
-            try:
-                await client.bye()  # end the probe's session; the rollout opens its own
-            finally:
-                await client.close()
-        finally:
-            if not probe.done():
-                probe.cancel()
-                with suppress(asyncio.CancelledError, Exception):
-                    await probe
+        async def died() -> str | None:
+            status, code, _port = await asyncio.to_thread(self._state, container)
+            return None if status == "running" else await self._died_message(container, status, code)
+
+        async def timed_out(exc: ReadyTimeoutError) -> str:
+            logs = await asyncio.to_thread(self._logs, container)
+            return (
+                f"container {container.name} did not answer within {timeout:g}s ({exc}); "
+                f"last {LOG_TAIL_LINES} log lines:\n{logs}"
+            )
+
+        await probe_ready(url, token, timeout, died=died, timed_out=timed_out, poll_s=0.25)
 
     async def release(self, endpoint: Endpoint) -> None:
         """Force-remove the container (a no-op when it is already gone)."""

@@ -22,7 +22,7 @@ from typing import Any, ClassVar
 from ...errors import ConfigError, ProviderError, ReadyTimeoutError
 from ...models import Endpoint, ProviderSpec, RuntimeConfig, Task
 from ..gc import LABEL_KEY, owner_labels
-from .base import DurableProvider, Locality
+from .base import DurableProvider, Locality, probe_ready
 from .docker import container_name, merge_config
 
 __all__ = ["ModalRuntime"]
@@ -231,38 +231,22 @@ class ModalRuntime(DurableProvider):
         return "\n".join(lines) or "(no output)"
 
     async def _wait_ready(self, sb: Any, url: str, token: str, timeout: float) -> None:
-        from ..client import connect
+        async def died() -> str | None:
+            code = await sb.poll.aio()
+            if code is None:
+                return None
+            return (
+                f"sandbox {sb.object_id} exited with code {code} before its env "
+                f"was ready; last {LOG_TAIL_LINES} log lines:\n{await self._logs(sb)}"
+            )
 
-        probe = asyncio.ensure_future(
-            connect(url, ready_timeout=timeout, token=token, keepalive_s=None)
-        )
-        try:
-            while True:
-                done, _ = await asyncio.wait({probe}, timeout=0.5)
-                if done:
-                    break
-                code = await sb.poll.aio()
-                if code is not None:
-                    raise ProviderError(
-                        f"sandbox {sb.object_id} exited with code {code} before its env "
-                        f"was ready; last {LOG_TAIL_LINES} log lines:\n{await self._logs(sb)}"
-                    )
-            try:
-                client = probe.result()
-            except ReadyTimeoutError as exc:
-                raise ReadyTimeoutError(
-                    f"sandbox {sb.object_id} did not answer within {timeout:g}s "
-                    f"({exc}); last log lines:\n{await self._logs(sb)}"
-                ) from exc
-            try:
-                await client.bye()
-            finally:
-                await client.close()
-        finally:
-            if not probe.done():
-                probe.cancel()
-                with suppress(asyncio.CancelledError, Exception):
-                    await probe
+        async def timed_out(exc: ReadyTimeoutError) -> str:
+            return (
+                f"sandbox {sb.object_id} did not answer within {timeout:g}s "
+                f"({exc}); last log lines:\n{await self._logs(sb)}"
+            )
+
+        await probe_ready(url, token, timeout, died=died, timed_out=timed_out, poll_s=0.5)
 
     async def release(self, endpoint: Endpoint) -> None:
         """Terminate the sandbox (a no-op when it is already gone)."""
