@@ -10,7 +10,7 @@ from typing import Annotated
 
 import typer
 
-from .cli_common import ConnectTimeoutOption, JsonOption, TemporalOption, drive, json_option
+from .cli_common import ConnectTimeoutOption, JsonOption, TemporalOption, WorkerOption, drive, json_option
 
 __all__ = ["register"]
 
@@ -72,13 +72,7 @@ def register(app: typer.Typer) -> None:
             str | None,
             typer.Option("-o", "--output", help="write the runs as JSONL here ('-' = stdout)"),
         ] = None,
-        worker: Annotated[
-            bool | None,
-            typer.Option(
-                "--worker/--no-worker",
-                help="run a worker in this process (default: only with the embedded server)",
-            ),
-        ] = None,
+        worker: WorkerOption = None,
         task_queue: Annotated[
             str | None,
             typer.Option(
@@ -138,13 +132,7 @@ def register(app: typer.Typer) -> None:
             str | None,
             typer.Option("-o", "--output", help="write the whole job's runs as JSONL here"),
         ] = None,
-        worker: Annotated[
-            bool | None,
-            typer.Option(
-                "--worker/--no-worker",
-                help="run a worker in this process (default: only with the embedded server)",
-            ),
-        ] = None,
+        worker: WorkerOption = None,
         connect_timeout: ConnectTimeoutOption = 5.0,
     ) -> None:
         """Re-run only the selected rollouts of a finished job; every other result is kept.

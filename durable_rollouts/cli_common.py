@@ -173,3 +173,10 @@ ConnectTimeoutOption = Annotated[
     float, typer.Option("--connect-timeout", help="seconds to wait for Temporal")
 ]
 JsonOption = Annotated[bool, typer.Option("--json", help="print JSON instead of tables")]
+WorkerOption = Annotated[
+    bool | None,
+    typer.Option(
+        "--worker/--no-worker",
+        help="run a worker in this process (default: only with the embedded server)",
+    ),
+]

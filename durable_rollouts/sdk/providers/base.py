@@ -150,6 +150,19 @@ def log_tail(path: str | Path, lines: int = 50) -> str:
     return "\n".join(data.decode(errors="replace").splitlines()[-lines:])
 
 
+CONTAINER_FIELDS: frozenset[str] = frozenset(
+    {
+        "image",
+        "resources.cpu",
+        "resources.memory_mb",
+        "resources.gpu",
+        "limits.startup_timeout_s",
+        "limits.run_timeout_s",
+    }
+)
+"""RuntimeConfig fields a container-like substrate (Docker, Modal) can honour."""
+
+
 async def probe_ready(
     url: str,
     token: str | None,

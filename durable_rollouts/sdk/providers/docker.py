@@ -28,7 +28,7 @@ from ...errors import ConfigError, ProviderError, ReadyTimeoutError
 from ...models import Endpoint, ProviderSpec, RuntimeConfig, Task
 from ..gc import LABEL_DEADLINE, LABEL_KEY, owner_labels
 from ..paths import safe_name
-from .base import DurableProvider, Locality, probe_ready
+from .base import CONTAINER_FIELDS, DurableProvider, Locality, probe_ready
 
 __all__ = ["DockerRuntime", "container_name"]
 
@@ -95,16 +95,7 @@ class DockerRuntime(DurableProvider):
 
     kind: ClassVar[str] = "docker"
     locality: ClassVar[Locality] = "host"
-    honours: ClassVar[frozenset[str]] = frozenset(
-        {
-            "image",
-            "resources.cpu",
-            "resources.memory_mb",
-            "resources.gpu",
-            "limits.startup_timeout_s",
-            "limits.run_timeout_s",
-        }
-    )
+    honours: ClassVar[frozenset[str]] = CONTAINER_FIELDS
 
     def __init__(
         self,

@@ -22,7 +22,7 @@ from typing import Any, ClassVar
 from ...errors import ConfigError, ProviderError, ReadyTimeoutError
 from ...models import Endpoint, ProviderSpec, RuntimeConfig, Task
 from ..gc import LABEL_KEY, owner_labels
-from .base import DurableProvider, Locality, probe_ready
+from .base import CONTAINER_FIELDS, DurableProvider, Locality, probe_ready
 from .docker import container_name, merge_config
 
 __all__ = ["ModalRuntime"]
@@ -53,16 +53,7 @@ class ModalRuntime(DurableProvider):
 
     kind: ClassVar[str] = "modal"
     locality: ClassVar[Locality] = "global"
-    honours: ClassVar[frozenset[str]] = frozenset(
-        {
-            "image",
-            "resources.cpu",
-            "resources.memory_mb",
-            "resources.gpu",
-            "limits.startup_timeout_s",
-            "limits.run_timeout_s",
-        }
-    )
+    honours: ClassVar[frozenset[str]] = CONTAINER_FIELDS
 
     def __init__(
         self,
