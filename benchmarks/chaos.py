@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import importlib.util
 import os
 import shutil
 import sys
@@ -31,12 +30,7 @@ os.environ["ROLLOUTS_HOME"] = tempfile.mkdtemp(prefix="rollouts-chaos-")
 os.environ.setdefault("ROLLOUTS_LOG_LEVEL", "WARNING")
 
 from chaos_cells import CELLS, Outcome, run_matrix
-
-_spec = importlib.util.spec_from_file_location("temporal_conftest", ROOT / "tests" / "temporal" / "conftest.py")
-assert _spec is not None and _spec.loader is not None
-_conftest = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(_conftest)
-DevServer = _conftest.DevServer
+from temporal_helpers import DevServer
 
 
 def print_matrix(outcomes: list[Outcome], wall: float) -> bool:

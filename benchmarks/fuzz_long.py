@@ -16,15 +16,15 @@ import argparse
 import gc
 import sys
 import time
-from typing import Any
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "fuzz"))
 
-from fuzz_strategies import batches  # noqa: E402
-from fuzz_support import STATS, ServerThread, SyncConn, run_batch  # noqa: E402
-from hypothesis import HealthCheck, Phase, given, settings  # noqa: E402
-from test_protocol_states import TOKEN, make_machine  # noqa: E402
+from fuzz_strategies import batches
+from fuzz_support import STATS, ServerThread, SyncConn, run_batch
+from hypothesis import HealthCheck, Phase, given, settings
+from test_protocol_states import TOKEN, make_machine
 
 _gc_pauses: list[float] = []
 _gc_started: list[float] = [0.0]

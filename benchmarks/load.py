@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import importlib.util
 import os
 import sys
 import tempfile
@@ -34,12 +33,7 @@ sys.path.insert(0, str(ROOT / "tests" / "temporal"))
 os.environ["ROLLOUTS_HOME"] = tempfile.mkdtemp(prefix="rollouts-load-")
 os.environ.setdefault("ROLLOUTS_LOG_LEVEL", "WARNING")
 
-from temporal_helpers import ENV_FILE, CountingAgent, WorkerProcess
-
-_spec = importlib.util.spec_from_file_location("temporal_conftest", ROOT / "tests" / "temporal" / "conftest.py")
-assert _spec is not None and _spec.loader is not None
-_conftest = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(_conftest)
+from temporal_helpers import ENV_FILE, CountingAgent, DevServer, WorkerProcess
 
 TICK = os.sysconf("SC_CLK_TCK")
 
@@ -73,7 +67,7 @@ async def main_async(args: argparse.Namespace) -> None:
     from durable_rollouts.sdk.temporal import connect_client
 
     work = Path(os.environ["ROLLOUTS_HOME"])
-    server = _conftest.DevServer(work / "temporal.db")
+    server = DevServer(work / "temporal.db")
     server.start()
     queue = f"load-{uuid.uuid4().hex[:8]}"
     worker = None

@@ -11,6 +11,9 @@ waits for the batch and then counts, from evidence on disk and in /proc:
   started for that home;
 - wrong: rollouts whose status/reward differ from the expected outcome.
 
+The ``restart_server`` cell runs on its own dev server, stopped (SIGTERM or SIGKILL) mid-agent
+and restarted on the same sqlite file.
+
 Each cell gets its own ROLLOUTS_HOME and task queue; a supervisor keeps two live workers (a killed
 worker is replaced), so the fault is survived by another process, never by luck of timing.
 """
@@ -34,13 +37,14 @@ TEMPORAL_TESTS = HERE.parent / "temporal"
 if str(TEMPORAL_TESTS) not in sys.path:
     sys.path.insert(0, str(TEMPORAL_TESTS))
 
-from temporal_helpers import ENV_FILE, CountingAgent, WorkerProcess, async_wait_for, read_lines
+from temporal_helpers import ENV_FILE, CountingAgent, DevServer, WorkerProcess, async_wait_for, read_lines
 
 from durable_rollouts.models import Task
 from durable_rollouts.protocol import SERVE_PORT_ANNOUNCEMENT
 from durable_rollouts.sdk.orchestrate import start_job
 from durable_rollouts.sdk.providers import Runtime, SubprocessRuntime
 from durable_rollouts.sdk.taskset import Taskset
+from durable_rollouts.sdk.temporal import connect_client
 from durable_rollouts.sdk.tracestore import TraceStore
 
 # worker SIGKILLed at a fault point (durable_rollouts.activities.faults) during each step
@@ -54,7 +58,7 @@ KILL_POINTS = {
     "kill@teardown": "before_teardown",
 }
 CELLS = [*KILL_POINTS, "sigstop_worker", "kill_env_mid_agent", "kill_verifier_substrate",
-         "cut_channel", "disk_full"]
+         "restart_server", "cut_channel", "disk_full"]
 VERIFIED = {"kill@verify", "kill_verifier_substrate"}
 
 
@@ -293,7 +297,7 @@ async def run_cell(cell: str, client: Any, address: str, workdir: Path, *, rows:
     verify_delay = 0.0
     if cell in KILL_POINTS:
         env.update(ROLLOUTS_FAULTS=KILL_POINTS[cell], ROLLOUTS_FAULTS_DIR=str(evidence))
-    if cell in ("sigstop_worker", "kill_env_mid_agent"):
+    if cell in ("sigstop_worker", "kill_env_mid_agent", "restart_server"):
         seconds = 3.0
     if cell == "kill_verifier_substrate":
         verify_delay = 2.0
@@ -301,6 +305,12 @@ async def run_cell(cell: str, client: Any, address: str, workdir: Path, *, rows:
     proxy: CuttingProxy | None = None
     borrowed: subprocess.Popen[bytes] | None = None
     mounted = False
+    server: DevServer | None = None
+    if cell == "restart_server":  # its own server: restarting the shared one would hit other cells
+        server = DevServer(home / "temporal.db")
+        await asyncio.to_thread(server.start)
+        client = await connect_client(server.address)
+        address = server.address
     workers = Workers(address, queue, env)
     stopped: int | None = None
     try:
@@ -323,7 +333,7 @@ async def run_cell(cell: str, client: Any, address: str, workdir: Path, *, rows:
                                  max_concurrent=rows, trace_store=TraceStore(home / "traces"))
         job_task = asyncio.ensure_future(handle.wait())
         try:
-            await _inject(cell, evidence, workers, rows, job_task)
+            await _inject(cell, evidence, workers, job_task, server=server, variant=variant)
             stopped = getattr(workers, "stopped_pid", None)
             job = await asyncio.wait_for(job_task, timeout)
         except (TimeoutError, AssertionError) as exc:
@@ -347,6 +357,8 @@ async def run_cell(cell: str, client: Any, address: str, workdir: Path, *, rows:
             borrowed.wait(10)
         if mounted:
             await asyncio.to_thread(subprocess.run, ["umount", "-l", str(home / "traces")], check=False)
+        if server is not None:
+            await asyncio.to_thread(server.stop)
     # leaks: after the batch finished (and the workers stopped) nothing may be left for this home
     dirs = [p.name for p in (home / "substrates").glob("*") if p.is_dir()] if (home / "substrates").exists() else []
     procs = env_servers_of(home)
@@ -363,7 +375,8 @@ async def run_cell(cell: str, client: Any, address: str, workdir: Path, *, rows:
     return out
 
 
-async def _inject(cell: str, evidence: Path, workers: Workers, rows: int, job: asyncio.Future[Any]) -> None:
+async def _inject(cell: str, evidence: Path, workers: Workers, job: asyncio.Future[Any], *,
+                  server: DevServer | None = None, variant: int = 0) -> None:
     agents = evidence / "agents.log"
     if cell in KILL_POINTS:
         marker = evidence / f"{KILL_POINTS[cell]}.fired"
@@ -392,6 +405,13 @@ async def _inject(cell: str, evidence: Path, workers: Workers, rows: int, job: a
         pid_file = evidence / "referee-0.pid"
         await async_wait_for(pid_file.exists, timeout=60, what="verifier grading")
         os.kill(int(pid_file.read_text()), signal.SIGKILL)
+    elif cell == "restart_server":
+        assert server is not None
+        await async_wait_for(lambda: read_lines(agents), timeout=60, what="agent start")
+        # a clean stop or a crash of the server, then a restart on the same sqlite file and port
+        await asyncio.to_thread(server.stop, (signal.SIGTERM, signal.SIGKILL)[variant % 2])
+        await asyncio.sleep(1.0)
+        await asyncio.to_thread(server.start)
 
 
 def _check(out: Outcome, cell: str, runs: list[Any], evidence: Path, rows: int, home: Path) -> None:

@@ -199,7 +199,7 @@ async def test_groups_resolve_once_and_unresolvable_groups_fail_alone(client, ta
 async def test_large_taskset_rows_travel_by_claim_check(client, task_queue, monkeypatch) -> None:
     """Above INLINE_ROWS rows the workflow input carries a file reference, not the rows; rows
     are loaded in windows (also across continue-as-new) and every rollout still runs once."""
-    import durable_rollouts.sdk.orchestrate as orchestrate
+    from durable_rollouts.sdk import orchestrate
 
     monkeypatch.setattr(orchestrate, "INLINE_ROWS", 2)
     ts = Taskset("many", [echo(str(i)) for i in range(7)])

@@ -13,8 +13,7 @@ import signal
 from pathlib import Path
 
 import pytest
-from conftest import DevServer
-from temporal_helpers import ENV_FILE, CountingAgent, async_wait_for, read_lines
+from temporal_helpers import ENV_FILE, CountingAgent, DevServer, async_wait_for, read_lines
 
 from durable_rollouts.models import Task
 from durable_rollouts.sdk.orchestrate import start_job
