@@ -2,22 +2,22 @@
 
 ``Workspace.start()`` (run from an environment's initialize hook) creates the directory, generates
 per-serve ed25519 host and client keys in memory (never written to disk), binds an asyncssh server
-to 127.0.0.1 and returns the ``ssh/2`` :class:`Capability` that ``hello`` publishes. Every exec'd
-command (or interactive shell) runs as ``bash`` inside bubblewrap when it is available:
+to 127.0.0.1 and returns the ``ssh/2`` :class:`Capability` that ``hello`` publishes. The server
+takes the one generated client key and allows no forwarding. Every exec'd command (or interactive
+shell) runs as ``bash`` inside bubblewrap when it works, under the policy in :mod:`.sandbox`
+(read-only system, only ``/workspace`` writable, private ``/tmp``, no network unless asked, the
+env's own directory not visible). :mod:`.ssh_exec` runs each command and kills it past
+``timeout_s`` (exit status 124).
 
-- only system directories (``/usr``, ``/bin``, ``/lib*``, ``/etc`` ...) are visible, read-only; the
-  rest of the host (the environment's own files, graders, hidden tests) is simply not mounted, and
-  ``hide`` paths that do lie under a system directory are covered with an empty tmpfs;
-- the workspace directory is writable at ``/workspace``; ``/tmp`` is a private tmpfs; ``/`` is
-  remounted read-only;
-- no network unless ``network=True`` (``--unshare-net``), own pid/ipc/uts/user namespaces,
-  ``--die-with-parent``; a command past ``timeout_s`` is killed (exit status 124).
+This module holds the capability itself: choosing the isolation, the ssh server and its auth,
+the :class:`Workspace` lifecycle and :func:`add_workspace`. It re-exports :class:`Mount`,
+``Isolation``, ``SANDBOX_CWD``, ``TIMEOUT_EXIT_STATUS`` and :func:`bwrap_available`.
 
 Without a working bwrap the commands run unsandboxed in the real directory: the capability says
 ``isolation: "none"`` and a warning is logged once per process.
 
-Imports asyncssh, ``durable_rollouts.errors`` and ``.environment`` only; never the server, the
-client or anything under ``sdk``.
+Imports asyncssh, ``durable_rollouts.errors``, ``.environment``, ``.sandbox`` and ``.ssh_exec``
+only; never the server, the client or anything under ``sdk``.
 """
 
 from __future__ import annotations
@@ -28,10 +28,8 @@ import logging
 import os
 import shlex
 import shutil
-import signal
 import tempfile
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -39,53 +37,33 @@ import asyncssh
 
 from ..errors import EnvError
 from .environment import Capability
+from .sandbox import (
+    SANDBOX_CWD,
+    Isolation,
+    Mount,
+    bwrap_argv,
+    bwrap_available,
+    bwrap_failure,
+    command_environ,
+)
+from .ssh_exec import TIMEOUT_EXIT_STATUS, kill_group, run_session
 
 if TYPE_CHECKING:
     from .environment import Environment
 
-__all__ = ["Mount", "Workspace", "add_workspace", "bwrap_available"]
+__all__ = [
+    "SANDBOX_CWD",
+    "TIMEOUT_EXIT_STATUS",
+    "Isolation",
+    "Mount",
+    "Workspace",
+    "add_workspace",
+    "bwrap_available",
+]
 
 log = logging.getLogger(__name__)
 
-SANDBOX_CWD = "/workspace"
-TIMEOUT_EXIT_STATUS = 124
-_SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc")
-_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 _warned_no_bwrap = False
-
-Isolation = Literal["auto", "bwrap", "none"]
-
-
-@dataclass(frozen=True)
-class Mount:
-    """An extra bind mount inside the sandbox (read-only unless ``writable``)."""
-
-    source: str
-    target: str
-    writable: bool = False
-
-    @classmethod
-    def parse(cls, spec: Mount | str | tuple[str, str] | dict[str, Any]) -> Mount:
-        """A Mount, ``"SRC:DST[:rw|ro]"``, ``(src, dst)`` or ``{source, target, writable}``."""
-        if isinstance(spec, Mount):
-            return spec
-        if isinstance(spec, dict):
-            return cls(**spec)
-        if isinstance(spec, tuple):
-            return cls(str(spec[0]), str(spec[1]))
-        parts = str(spec).split(":")
-        if len(parts) == 1:
-            return cls(parts[0], parts[0])
-        if len(parts) == 3 and parts[2] in ("ro", "rw"):
-            return cls(parts[0], parts[1], writable=parts[2] == "rw")
-        if len(parts) == 2:
-            return cls(parts[0], parts[1])
-        raise ValueError(f"bad mount spec {spec!r}: expected SRC[:DST[:ro|rw]]")
-
-
-def bwrap_available() -> str | None:
-    """The path of the ``bwrap`` binary, or None."""
-    return shutil.which("bwrap")
 
 
 def _warn_no_isolation(reason: str) -> None:
@@ -221,7 +199,6 @@ class Workspace:
             config=None,
         )
         port = self._acceptor.sockets[0].getsockname()[1]
-        cwd = SANDBOX_CWD if self.isolation == "bwrap" else str(self.root)
         self.capability = Capability(
             name=self.name,
             protocol="ssh/2",
@@ -230,7 +207,7 @@ class Workspace:
                 "user": self.user,
                 "host_pubkey": host_key.export_public_key().decode().strip(),
                 "client_key": client_key.export_private_key().decode(),
-                "cwd": cwd,
+                "cwd": self._cwd,
                 "shell": self.shell,
                 "isolation": self.isolation,
                 "network": self.network,
@@ -249,7 +226,7 @@ class Workspace:
         for conn in list(self._conns):
             conn.close()
         for proc in list(self._procs):
-            _kill_group(proc)
+            kill_group(proc)
         self.capability = None
         if self._temp_root and self.root is not None:
             shutil.rmtree(self.root, ignore_errors=True)
@@ -257,6 +234,11 @@ class Workspace:
             self._temp_root = False
 
     # -- sandbox -------------------------------------------------------------------------------
+
+    @property
+    def _cwd(self) -> str:
+        """Where commands start (and HOME): ``/workspace`` under bwrap, else the real root."""
+        return SANDBOX_CWD if self.isolation == "bwrap" else str(self.root)
 
     async def _choose_isolation(self) -> Literal["bwrap", "none"]:
         if self.requested_isolation == "none":
@@ -266,22 +248,10 @@ class Workspace:
                 raise EnvError(f"workspace {self.name!r}: mount source {m.source} does not exist")
         reason = "bwrap is not installed"
         if bwrap_available():
-            probe = await asyncio.create_subprocess_exec(
-                *self.sandbox_argv(["true"]),
-                stdin=asyncio.subprocess.DEVNULL,
-                stdout=asyncio.subprocess.DEVNULL,
-                stderr=asyncio.subprocess.PIPE,
-                env={"PATH": _PATH},
-            )
-            try:
-                _, err = await asyncio.wait_for(probe.communicate(), 10)
-            except TimeoutError:
-                probe.kill()
-                await probe.wait()
-                err = b"probe timed out"
-            if probe.returncode == 0:
+            failure = await bwrap_failure(self.sandbox_argv(["true"]))
+            if failure is None:
                 return "bwrap"
-            reason = f"bwrap does not work here: {err.decode(errors='replace').strip()}"
+            reason = failure
         if self.requested_isolation == "bwrap":
             raise EnvError(f"workspace {self.name!r} requires bwrap isolation: {reason}")
         _warn_no_isolation(reason)
@@ -295,33 +265,14 @@ class Workspace:
         The sandbox starts from an empty environment plus ``env`` (PATH and HOME are set).
         """
         assert self.root is not None
-        # No --new-session: the command has no terminal (so no TIOCSTI risk) and must stay in
-        # bwrap's process group, so one killpg reaches it even if bwrap dies before the child
-        # armed --die-with-parent; whatever leaves the group dies with the pid namespace.
-        argv = ["bwrap", "--die-with-parent", "--unshare-all"]
-        if self.network:
-            argv.append("--share-net")
-        argv += ["--unshare-user", "--uid", "1000", "--gid", "1000", "--clearenv"]
-        for key, value in self._environ(env or {}).items():
-            argv += ["--setenv", key, value]
-        for path in _SYSTEM_DIRS:
-            p = Path(path)
-            if p.is_symlink():
-                argv += ["--symlink", os.readlink(p), path]
-            elif p.is_dir():
-                argv += ["--ro-bind", path, path]
-        argv += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
-        for hidden in self.hide:
-            if not any(hidden.is_relative_to(d) for d in _SYSTEM_DIRS if Path(d).is_dir()):
-                continue  # not mounted at all, so already invisible
-            if hidden.is_dir():
-                argv += ["--tmpfs", str(hidden)]
-            elif hidden.exists():
-                argv += ["--ro-bind", "/dev/null", str(hidden)]
-        for m in [*self.mounts, *(Mount.parse(x) for x in mounts)]:
-            argv += ["--bind" if m.writable else "--ro-bind", m.source, m.target]
-        argv += ["--bind", str(self.root), SANDBOX_CWD, "--remount-ro", "/", "--chdir", SANDBOX_CWD]
-        return [*argv, "--", *command]
+        return bwrap_argv(
+            command,
+            root=self.root,
+            environ=self._environ(env or {}),
+            network=self.network,
+            mounts=[*self.mounts, *(Mount.parse(x) for x in mounts)],
+            hide=self.hide,
+        )
 
     def shell_command(self, command: str, *, mounts: Iterable[Mount | str] = (),
                       env: dict[str, str] | None = None) -> str:
@@ -333,23 +284,19 @@ class Workspace:
         """
         assert self.root is not None, "the workspace has not started"
         if self.isolation == "bwrap":
-            argv = self.sandbox_argv([self.shell, "-lc", command], mounts=mounts, env=env)
-            return shlex.join(argv)
+            return shlex.join(self._command_argv(command, env or {}, mounts=mounts))
         exports = "".join(f"export {k}={shlex.quote(v)}; " for k, v in (env or {}).items())
         return f"cd {shlex.quote(str(self.root))} && {exports}{command}"
 
-    def _command_argv(self, command: str | None, env: dict[str, str]) -> list[str]:
+    def _command_argv(self, command: str | None, env: dict[str, str], *,
+                      mounts: Iterable[Mount | str] = ()) -> list[str]:
         shell = [self.shell, "-lc", command] if command is not None else [self.shell, "-s"]
         if self.isolation == "bwrap":
-            return self.sandbox_argv(shell, env=env)
+            return self.sandbox_argv(shell, mounts=mounts, env=env)
         return shell
 
     def _environ(self, requested: dict[str, str]) -> dict[str, str]:
-        # Never the server's own environment: it may hold secrets (API keys, tokens).
-        home = SANDBOX_CWD if self.isolation == "bwrap" else str(self.root)
-        env = {"PATH": _PATH, "HOME": home, "LANG": "C.UTF-8", "USER": self.user, "TERM": "dumb"}
-        env.update({k: v for k, v in requested.items() if k not in ("PATH", "HOME")})
-        return env
+        return command_environ(requested, home=self._cwd, user=self.user)
 
     # -- one ssh session -----------------------------------------------------------------------
 
@@ -359,90 +306,14 @@ class Workspace:
             process.exit(1)
             return
         requested = {str(k): str(v) for k, v in dict(process.env).items()}
-        cwd = None if self.isolation == "bwrap" else str(self.root)
-        spawn = asyncio.ensure_future(asyncio.create_subprocess_exec(
-            *self._command_argv(process.command, requested),
-            stdin=asyncio.subprocess.PIPE,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-            cwd=cwd,
+        await run_session(
+            process,
+            self._command_argv(process.command, requested),
+            cwd=None if self.isolation == "bwrap" else str(self.root),
             env=self._environ(requested),
-            start_new_session=True,
-        ))
-        try:
-            proc = await asyncio.shield(spawn)
-        except asyncio.CancelledError:  # the session went away while the command was starting
-            with contextlib.suppress(BaseException):
-                _kill_group(await spawn)
-            raise
-        except OSError as exc:
-            process.stderr.write(f"cannot start command: {exc}\n".encode())
-            process.exit(127)
-            return
-        self._procs.add(proc)
-        assert proc.stdin and proc.stdout and proc.stderr
-        feed = asyncio.create_task(_copy_in(process, proc.stdin))
-        outs = [asyncio.create_task(_copy_out(proc.stdout, process.stdout)),
-                asyncio.create_task(_copy_out(proc.stderr, process.stderr))]
-        exited = asyncio.create_task(proc.wait())
-        hangup = asyncio.create_task(process.channel.wait_closed())
-        try:
-            await asyncio.wait({exited, hangup}, timeout=self.timeout_s,
-                               return_when=asyncio.FIRST_COMPLETED)
-            if not exited.done():  # timed out, or the client went away: no orphans either way
-                _kill_group(proc)
-                await exited
-                if hangup.done():
-                    for task in outs:
-                        task.cancel()
-                    return
-                note = f"\ncommand killed after {self.timeout_s:g}s timeout\n"
-                process.stderr.write(note.encode())
-                status = TIMEOUT_EXIT_STATUS
-            else:
-                status = exited.result()
-        finally:
-            self._procs.discard(proc)
-            if proc.returncode is None:
-                _kill_group(proc)
-            for task in (feed, hangup, exited):
-                task.cancel()
-        # Drain what the command wrote; a background child holding the pipes open is not waited for.
-        await asyncio.wait(outs, timeout=2)
-        for task in outs:
-            task.cancel()
-        process.exit(status if status >= 0 else 128 - status)
-
-
-async def _copy_in(process: asyncssh.SSHServerProcess[bytes], sink: asyncio.StreamWriter) -> None:
-    try:
-        while True:
-            data = await process.stdin.read(65536)
-            if not data:
-                break
-            sink.write(data)
-            await sink.drain()
-    except (OSError, asyncssh.Error, asyncssh.BreakReceived, asyncssh.SignalReceived,
-            asyncssh.TerminalSizeChanged):
-        pass
-    finally:
-        with contextlib.suppress(Exception):
-            sink.close()
-
-
-async def _copy_out(source: asyncio.StreamReader, sink: asyncssh.SSHWriter[bytes]) -> None:
-    with contextlib.suppress(OSError, asyncssh.Error):
-        while True:
-            data = await source.read(65536)
-            if not data:
-                break
-            sink.write(data)
-            await sink.drain()
-
-
-def _kill_group(proc: asyncio.subprocess.Process) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(proc.pid, signal.SIGKILL)
+            timeout_s=self.timeout_s,
+            running=self._procs,
+        )
 
 
 def add_workspace(
