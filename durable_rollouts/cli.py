@@ -78,11 +78,19 @@ def serve(
     env: Annotated[str | None, typer.Option("--env", help="environment name when the file has several")] = None,
     host: Annotated[str, typer.Option(help="address to bind (non-loopback needs ROLLOUTS_ENV_TOKEN)")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="port to bind (0 = any free port)")] = 0,
+    max_connections: Annotated[
+        int | None, typer.Option(help="connections served at once; more are refused as busy (default 256)")
+    ] = None,
+    max_tasks: Annotated[
+        int | None, typer.Option(help="tasks in progress at once, parked ones included (default 64)")
+    ] = None,
 ) -> None:
     """Serve an environment on one TCP port until Ctrl-C / SIGTERM."""
     from .envserver.entry import run_serve
 
-    raise typer.Exit(run_serve(target, env_name=env, host=host, port=port))
+    limits = {"max_connections": max_connections, "max_tasks": max_tasks}
+    given = {name: value for name, value in limits.items() if value is not None}
+    raise typer.Exit(run_serve(target, env_name=env, host=host, port=port, **given))
 
 
 # -- task list | start | grade --------------------------------------------------------------------

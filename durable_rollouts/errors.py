@@ -7,7 +7,8 @@ Every error this package raises on purpose derives from :class:`DurableRolloutsE
     │   └── TaskNotFoundError  a task id that the environment does not define
     ├── ProtocolError          the control channel said no (carries the JSON-RPC code)
     │   ├── UnauthorizedError  wrong or missing token (-32001)
-    │   └── RemoteTaskError    the task body raised inside the environment (-32000)
+    │   ├── RemoteTaskError    the task body raised inside the environment (-32000)
+    │   └── ServerBusyError    the server is at its connection or task limit (-32002; transient)
     ├── InvalidStateError      an operation in the wrong session/connection state
     ├── ConnectionLostError    the channel dropped mid-call (retryable infrastructure)
     ├── SubstrateGoneError     the substrate behind an endpoint is gone: reprovision
@@ -34,6 +35,7 @@ __all__ = [
     "ProviderError",
     "ReadyTimeoutError",
     "RemoteTaskError",
+    "ServerBusyError",
     "SubstrateGoneError",
     "TaskNotFoundError",
     "UnauthorizedError",
@@ -75,6 +77,10 @@ class UnauthorizedError(ProtocolError):
 
 class RemoteTaskError(ProtocolError):
     """The task body raised inside the environment (-32000)."""
+
+
+class ServerBusyError(ProtocolError):
+    """The server is at its connection or task limit (-32002); transient, so retried with backoff."""
 
 
 class InvalidStateError(DurableRolloutsError, RuntimeError):

@@ -27,6 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from .errors import (
     ProtocolError,
     RemoteTaskError,
+    ServerBusyError,
     UnauthorizedError,
 )
 
@@ -81,6 +82,7 @@ class ErrorCode:
     INTERNAL_ERROR = -32603
     TASK_ERROR = -32000
     UNAUTHORIZED = -32001
+    BUSY = -32002  # at the connection or task limit: transient, retry later
 
 
 # ---------------------------------------------------------------------------------------------
@@ -160,6 +162,7 @@ def error_frame(id: int | str | None, code: int, message: str) -> dict[str, Any]
 _CODE_TO_ERROR: dict[int, type[ProtocolError]] = {
     ErrorCode.UNAUTHORIZED: UnauthorizedError,
     ErrorCode.TASK_ERROR: RemoteTaskError,
+    ErrorCode.BUSY: ServerBusyError,
 }
 
 

@@ -3,7 +3,8 @@
 Shared by ``python -m durable_rollouts.envserver`` and ``rollouts serve``. User mistakes (a
 missing file, no environment, a public bind without a token) print one line on stderr and return
 2; a failing initialize hook returns 1 with the hook's name. The token comes from the
-``ROLLOUTS_ENV_TOKEN`` environment variable, never from argv.
+``ROLLOUTS_ENV_TOKEN`` environment variable, never from argv. ``max_connections`` and
+``max_tasks`` bound what one client can make the server hold (see ``EnvServer``).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import sys
 from ..errors import ConfigError, EnvError
 from .environment import Environment
 from .loader import load_environment
-from .server import is_loopback, serve
+from .server import DEFAULT_MAX_CONNECTIONS, DEFAULT_MAX_TASKS, is_loopback, serve
 
 __all__ = ["TOKEN_ENV_VAR", "run_serve"]
 
@@ -27,14 +28,18 @@ def _error(message: str) -> None:
     print(f"error: {message}", file=sys.stderr, flush=True)
 
 
-async def _serve_until_signal(env: Environment, host: str, port: int, token: str | None, park_ttl_s: float) -> int:
+async def _serve_until_signal(
+    env: Environment, host: str, port: int, token: str | None, *, park_ttl_s: float, max_connections: int, max_tasks: int
+) -> int:
     loop = asyncio.get_running_loop()
     main = asyncio.current_task()
     assert main is not None
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, main.cancel)
     try:
-        await serve(env, host, port, token=token, park_ttl_s=park_ttl_s)
+        await serve(
+            env, host, port, token=token, park_ttl_s=park_ttl_s, max_connections=max_connections, max_tasks=max_tasks
+        )
     except asyncio.CancelledError:
         return 0
     except (EnvError, ConfigError) as exc:
@@ -53,6 +58,8 @@ def run_serve(
     host: str = "127.0.0.1",
     port: int = 0,
     park_ttl_s: float = 3600.0,
+    max_connections: int = DEFAULT_MAX_CONNECTIONS,
+    max_tasks: int = DEFAULT_MAX_TASKS,
 ) -> int:
     """Serve the environment in ``target`` until SIGTERM/SIGINT; returns the exit code."""
     token = os.environ.get(TOKEN_ENV_VAR) or None
@@ -62,6 +69,10 @@ def run_serve(
     if port < 0 or port > 65535:
         _error(f"invalid port {port}")
         return 2
+    for name, limit in (("max-connections", max_connections), ("max-tasks", max_tasks)):
+        if limit < 1:
+            _error(f"--{name} must be at least 1, got {limit}")
+            return 2
     try:
         env = load_environment(target, env_name)
     except ConfigError as exc:
@@ -70,4 +81,8 @@ def run_serve(
     except Exception as exc:  # the env file itself is broken: still one readable line
         _error(f"cannot load {target}: {type(exc).__name__}: {exc}")
         return 2
-    return asyncio.run(_serve_until_signal(env, host, port, token, park_ttl_s))
+    return asyncio.run(
+        _serve_until_signal(
+            env, host, port, token, park_ttl_s=park_ttl_s, max_connections=max_connections, max_tasks=max_tasks
+        )
+    )

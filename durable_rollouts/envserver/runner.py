@@ -108,6 +108,11 @@ class TaskRunner:
     def graded(self) -> bool:
         return self._done
 
+    @property
+    def in_progress(self) -> bool:
+        """True from install until graded or closed: the task body may hold resources."""
+        return self.state is RunnerState.NEW or self.state is RunnerState.STARTED
+
     def _replay(self) -> dict[str, Any]:
         if self._error is not None:
             raise self._error

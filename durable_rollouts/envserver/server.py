@@ -1,12 +1,13 @@
-"""The control-channel server: JSON-RPC dispatch over sessions, plus a thin asyncio adapter.
+"""The control-channel server: a thin asyncio adapter around :class:`~.dispatch.Dispatcher`.
 
-:class:`EnvServer` validates each request's params once into the models of
-``durable_rollouts.protocol`` and dispatches through a ``{Method: handler}`` table. Sessions and
-their parking live in ``sessions.py``; task driving in ``runner.py``; byte tunnels in
-``tunnel.py``. The asyncio part only pumps bytes through :class:`~durable_rollouts.protocol.LineProtocol`.
+:class:`EnvServer` binds one TCP port, serves every connection in its own task (a slow or
+misbehaving client never blocks another) and only pumps bytes through
+:class:`~durable_rollouts.protocol.LineProtocol`; request handling lives in ``dispatch.py``,
+sessions in ``sessions.py``, byte tunnels in ``tunnel.py``. It compares tokens in constant time and
+enforces the connection limit: one connection over ``max_connections`` gets one
+``ErrorCode.BUSY`` error frame and is closed.
 
-Every connection is served by its own task, so a slow or misbehaving client never blocks
-another. Imports ``envserver`` siblings and the shared modules; nothing from ``sdk``.
+Imports ``envserver`` siblings and the shared modules; nothing from ``sdk``.
 """
 
 from __future__ import annotations
@@ -15,59 +16,31 @@ import asyncio
 import contextlib
 import hmac
 import ipaddress
-import logging
 import sys
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, ValidationError
-
-from ..errors import ConfigError, InvalidStateError, ProtocolError
+from ..errors import ConfigError
 from ..protocol import (
     DEFAULT_MAX_LINE_BYTES,
-    PROTOCOL_VERSION,
     SERVE_PORT_ANNOUNCEMENT,
     ErrorCode,
     FrameError,
-    GradeParams,
-    HelloParams,
-    HelloResult,
     LineProtocol,
     Method,
-    StartParams,
     error_frame,
-    result_frame,
-    valid_request_id,
 )
+from .dispatch import DEFAULT_MAX_TASKS, Connection, Dispatcher
 from .environment import Environment
-from .runner import TaskRunner
-from .sessions import Session, SessionState, SessionTable
 from .tunnel import serve_tunnel
 
-__all__ = ["EnvServer", "is_loopback", "serve", "serving"]
+__all__ = ["DEFAULT_MAX_CONNECTIONS", "DEFAULT_MAX_TASKS", "EnvServer", "is_loopback", "serve", "serving"]
 
-log = logging.getLogger(__name__)
+DEFAULT_MAX_CONNECTIONS = 256
+"""Connections (control and tunnel) served at once."""
 
-
-class _NoParams(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-
-
-class _Connection:
-    """Per-connection state: the bound session and whether the token was shown."""
-
-    def __init__(self) -> None:
-        self.session: Session | None = None
-        self.authorized = False
-        self.owner: int | None = None  # index of the token this connection showed
-        self.closing = False
-
-
-Handler = Callable[[_Connection, Any], Awaitable[dict[str, Any]]]
-
-
-def _fail(code: int, message: str) -> ProtocolError:
-    return ProtocolError(code, message)
+REFUSE_LINGER_S = 1.0
+"""How long a refused connection may take to send its EOF after the busy frame."""
 
 
 def is_loopback(host: str) -> bool:
@@ -80,7 +53,7 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-class EnvServer:
+class EnvServer(Dispatcher):
     """Serves one :class:`Environment` on one TCP port (use :func:`serving` to run it).
 
     Args:
@@ -90,6 +63,10 @@ class EnvServer:
             connection showing that same token can resume or adopt it.
         park_ttl_s: how long a disconnected session is kept before its teardown runs.
         max_line_bytes: frame size limit; a bigger frame gets an error and the connection closes.
+        max_connections: connections (control and tunnel) served at once; one more gets an
+            ``ErrorCode.BUSY`` error frame and is closed.
+        max_tasks: tasks in progress at once, in live and parked sessions; one more
+            ``tasks.start`` gets an ``ErrorCode.BUSY`` error frame.
     """
 
     def __init__(
@@ -99,28 +76,19 @@ class EnvServer:
         token: str | Sequence[str] | None = None,
         park_ttl_s: float = 3600.0,
         max_line_bytes: int = DEFAULT_MAX_LINE_BYTES,
+        max_connections: int = DEFAULT_MAX_CONNECTIONS,
+        max_tasks: int = DEFAULT_MAX_TASKS,
     ) -> None:
-        self.env = env
-        self.token = token
-        self._tokens: tuple[str, ...] = () if token is None else (token,) if isinstance(token, str) else tuple(token)
-        if token is not None and (not self._tokens or not all(isinstance(t, str) and t for t in self._tokens)):
-            raise ConfigError("a token must be a non-empty string")
+        super().__init__(env, token=token, park_ttl_s=park_ttl_s, max_tasks=max_tasks)
+        if max_connections < 1:
+            raise ConfigError(f"max_connections must be at least 1, got {max_connections}")
         self.max_line_bytes = max_line_bytes
-        self.sessions = SessionTable(park_ttl_s)
-        self.grade_count = 0
+        self.max_connections = max_connections
         self.host = "127.0.0.1"
         self.port = 0
         self._server: asyncio.Server | None = None
         self._conn_tasks: set[asyncio.Task[Any]] = set()
-        self._handlers: dict[Method, tuple[type[BaseModel], Handler]] = {
-            Method.HELLO: (HelloParams, self._hello),
-            Method.TASKS_LIST: (_NoParams, self._list),
-            Method.TASKS_START: (StartParams, self._start),
-            Method.TASKS_GRADE: (GradeParams, self._grade),
-            Method.TASKS_CANCEL: (_NoParams, self._cancel),
-            Method.BYE: (_NoParams, self._bye),
-            Method.TUNNEL_OPEN: (_NoParams, self._tunnel_in_session),
-        }
+        self._refusals: set[asyncio.Task[Any]] = set()
 
     @property
     def url(self) -> str:
@@ -146,66 +114,14 @@ class EnvServer:
         """Stop accepting, cancel every connection, tear down every session, stop the env."""
         if self._server is not None:
             self._server.close()
-        for task in list(self._conn_tasks):
+        tasks = self._conn_tasks | self._refusals
+        for task in tasks:
             task.cancel()
-        await asyncio.gather(*self._conn_tasks, return_exceptions=True)
+        await asyncio.gather(*tasks, return_exceptions=True)
         await self.sessions.close_all()
         await self.env.stop()
 
-    # -- dispatch (no I/O) ---------------------------------------------------------------------
-
-    async def handle(self, conn: _Connection, event: dict[str, Any] | FrameError) -> dict[str, Any] | None:
-        """Turn one received event into its reply frame (None for a notification)."""
-        if isinstance(event, FrameError):
-            return error_frame(event.id, event.code, event.message)
-        request_id = event.get("id")
-        if not valid_request_id(request_id):
-            return error_frame(None, ErrorCode.INVALID_REQUEST, "a request id must be a string, a number or null")
-        try:
-            result = await self._call(conn, event)
-        except ProtocolError as exc:
-            reply = error_frame(request_id, exc.code, exc.message)
-        except ConfigError as exc:
-            reply = error_frame(request_id, ErrorCode.INVALID_PARAMS, str(exc))
-        except InvalidStateError as exc:
-            reply = error_frame(request_id, ErrorCode.INVALID_REQUEST, str(exc))
-        except Exception as exc:
-            log.exception("request %r failed", event.get("method"))
-            reply = error_frame(request_id, ErrorCode.TASK_ERROR, f"{type(exc).__name__}: {exc}")
-        else:
-            reply = result_frame(request_id, result)
-        return reply if "id" in event else None
-
-    async def _call(self, conn: _Connection, frame: dict[str, Any]) -> dict[str, Any]:
-        name = frame.get("method")
-        if not isinstance(name, str):
-            raise _fail(ErrorCode.INVALID_REQUEST, "a request needs a string 'method'")
-        try:
-            method = Method(name)
-        except ValueError:
-            raise _fail(ErrorCode.METHOD_NOT_FOUND, f"method not found: {name}") from None
-        model, handler = self._handlers[method]
-        raw = frame.get("params")
-        if raw is None:
-            raw = {}
-        if not isinstance(raw, dict):
-            raise _fail(ErrorCode.INVALID_PARAMS, "params must be an object")
-        try:
-            params = model.model_validate(raw)
-        except ValidationError as exc:
-            err = exc.errors()[0]
-            where = ".".join(str(p) for p in err.get("loc", ())) or "params"
-            raise _fail(ErrorCode.INVALID_PARAMS, f"bad params for {name}: {where}: {err['msg']}") from None
-        if method is not Method.HELLO:
-            self._ensure_session(conn)
-        return await handler(conn, params)
-
-    def _ensure_session(self, conn: _Connection) -> Session:
-        if conn.session is None:
-            if self.token is not None and not conn.authorized:
-                raise _fail(ErrorCode.UNAUTHORIZED, "unauthorized: send hello with the token first")
-            conn.session = self.sessions.create(owner=conn.owner)
-        return conn.session
+    # -- tokens --------------------------------------------------------------------------------
 
     def _match_token(self, presented: str | None) -> int | None:
         """Index of the server token equal to ``presented``; every token is compared in constant time."""
@@ -219,105 +135,18 @@ class EnvServer:
     def _tunnel_allowed(self, presented: str | None) -> bool:
         return self.token is None or self._match_token(presented) is not None
 
-    def _hello_result(self, session: Session) -> dict[str, Any]:
-        return HelloResult(
-            session_id=session.id,
-            env={"name": self.env.name, "version": self.env.version},  # type: ignore[arg-type]
-            bindings=[c.manifest() for c in self.env.capabilities],
-            protocol=PROTOCOL_VERSION,
-        ).model_dump()
-
-    async def _hello(self, conn: _Connection, p: HelloParams) -> dict[str, Any]:
-        if self.token is not None and not conn.authorized:
-            owner = self._match_token(p.token)
-            if owner is None:
-                raise _fail(ErrorCode.UNAUTHORIZED, "unauthorized: missing or wrong token")
-            conn.authorized, conn.owner = True, owner
-        if p.protocol is not None and p.protocol != PROTOCOL_VERSION:
-            raise _fail(ErrorCode.INVALID_REQUEST, f"protocol {p.protocol} unsupported (server speaks {PROTOCOL_VERSION})")
-        current = conn.session
-        if p.session_id is None or (current is not None and current.id == p.session_id):
-            return self._hello_result(self._ensure_session(conn))
-        target = self.sessions.get(p.session_id)
-        if target is None or target.owner != conn.owner:  # another token's session: not yours to see
-            raise _fail(ErrorCode.INVALID_REQUEST, f"unknown session {p.session_id}")
-        if target.state is SessionState.LIVE:
-            raise _fail(ErrorCode.INVALID_REQUEST, f"session {p.session_id} is live on another connection")
-        if current is not None:
-            self.sessions.park(current)
-        self.sessions.resume(target)
-        conn.session = target
-        return self._hello_result(target)
-
-    async def _list(self, conn: _Connection, _: _NoParams) -> dict[str, Any]:
-        return {"tasks": [t.manifest() for t in self.env.templates.values()]}
-
-    async def _start(self, conn: _Connection, p: StartParams) -> dict[str, Any]:
-        session = self._ensure_session(conn)
-        template = self.env.get_template(p.id)
-        runner = TaskRunner(template, template.bind_arguments(p.args))
-        await session.replace_runner(runner)
-        try:
-            return await runner.start()
-        except BaseException:
-            if session.runner is runner:
-                session.runner = None
-            raise
-
-    async def _grade(self, conn: _Connection, p: GradeParams) -> dict[str, Any]:
-        session = self._ensure_session(conn)
-        if session.runner is None:
-            session = await self._adopt(conn, session)
-        assert session.runner is not None
-        result, ran = await session.runner.grade(p.answer)
-        if ran:
-            self.grade_count += 1
-        return result
-
-    async def _adopt(self, conn: _Connection, current: Session) -> Session:
-        """Rebind this connection to the lone parked session that has a task to grade.
-
-        The adopted session keeps its id, so a client that knows it can still resume it (and
-        get the cached grade); the connection's own task-less session is closed.
-        """
-        parked = [s for s in self.sessions.parked_with_task() if s is not current and s.owner == conn.owner]
-        if not parked:
-            raise _fail(ErrorCode.INVALID_REQUEST, "no task in progress")
-        if len(parked) > 1:
-            ids = ", ".join(s.id for s in parked)
-            raise _fail(
-                ErrorCode.INVALID_REQUEST,
-                f"{len(parked)} parked sessions ({ids}); resume one by sending hello with its session_id",
-            )
-        adopted = parked[0]
-        self.sessions.resume(adopted)
-        conn.session = adopted
-        await self.sessions.close(current)
-        return adopted
-
-    async def _cancel(self, conn: _Connection, _: _NoParams) -> dict[str, Any]:
-        await self._ensure_session(conn).replace_runner(None)
-        return {"cancelled": True}
-
-    async def _bye(self, conn: _Connection, _: _NoParams) -> dict[str, Any]:
-        session, conn.session = conn.session, None
-        if session is not None:
-            await self.sessions.close(session)
-        conn.closing = True
-        return {"goodbye": True}
-
-    async def _tunnel_in_session(self, conn: _Connection, _: _NoParams) -> dict[str, Any]:
-        raise _fail(ErrorCode.METHOD_NOT_FOUND, "tunnel.open is only valid as a connection's first frame")
-
     # -- asyncio adapter: pump bytes through LineProtocol --------------------------------------
 
     async def _on_connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
         assert task is not None
+        if len(self._conn_tasks) >= self.max_connections:
+            await self._refuse(task, reader, writer)
+            return
         self._conn_tasks.add(task)
         # Parse only the first frame: if it opens a tunnel, every later byte belongs to the pipe.
         proto = LineProtocol(self.max_line_bytes, frame_limit=1)
-        conn = _Connection()
+        conn = Connection()
         try:
             first: list[dict[str, Any] | FrameError] = []
             while not first and not (proto.eof or proto.broken):
@@ -340,9 +169,30 @@ class EnvServer:
             writer.close()
             self._conn_tasks.discard(task)
 
+    async def _refuse(self, task: asyncio.Task[Any], reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """Over the connection limit: send one busy error frame (id null) and close."""
+        self._refusals.add(task)
+        proto = LineProtocol(self.max_line_bytes)
+        message = f"server busy: {self.max_connections} connections open (the limit); retry later"
+        proto.send(error_frame(None, ErrorCode.BUSY, message))
+        try:
+            writer.write(proto.data_to_send())
+            if writer.can_write_eof():
+                writer.write_eof()
+            # Read what the peer already sent before closing: closing over unread bytes resets
+            # the connection, which can destroy the frame before the peer reads it. Skipped when
+            # many refusals are pending, so a flood cannot hold descriptors for long.
+            if len(self._refusals) <= self.max_connections:
+                await asyncio.wait_for(_discard(reader), REFUSE_LINGER_S)
+        except (OSError, asyncio.CancelledError):  # TimeoutError and ConnectionError are OSErrors
+            pass
+        finally:
+            writer.close()
+            self._refusals.discard(task)
+
     async def _control(
         self,
-        conn: _Connection,
+        conn: Connection,
         proto: LineProtocol,
         pending: list[dict[str, Any] | FrameError],
         reader: asyncio.StreamReader,
@@ -393,6 +243,11 @@ async def _feed(reader: asyncio.StreamReader, proto: LineProtocol) -> None:
         proto.receive_eof()
 
 
+async def _discard(reader: asyncio.StreamReader) -> None:
+    while await reader.read(65536):
+        pass
+
+
 @contextlib.asynccontextmanager
 async def serving(
     env: Environment,
@@ -402,6 +257,8 @@ async def serving(
     token: str | Sequence[str] | None = None,
     park_ttl_s: float = 3600.0,
     max_line_bytes: int = DEFAULT_MAX_LINE_BYTES,
+    max_connections: int = DEFAULT_MAX_CONNECTIONS,
+    max_tasks: int = DEFAULT_MAX_TASKS,
 ) -> AsyncIterator[EnvServer]:
     """Serve ``env`` in-process for the duration of the block.
 
@@ -410,7 +267,14 @@ async def serving(
         async with serving(env) as server:
             client = await connect(server.url)
     """
-    server = EnvServer(env, token=token, park_ttl_s=park_ttl_s, max_line_bytes=max_line_bytes)
+    server = EnvServer(
+        env,
+        token=token,
+        park_ttl_s=park_ttl_s,
+        max_line_bytes=max_line_bytes,
+        max_connections=max_connections,
+        max_tasks=max_tasks,
+    )
     await server.start(host, port)
     try:
         yield server
@@ -426,10 +290,19 @@ async def serve(
     token: str | Sequence[str] | None = None,
     park_ttl_s: float = 3600.0,
     max_line_bytes: int = DEFAULT_MAX_LINE_BYTES,
+    max_connections: int = DEFAULT_MAX_CONNECTIONS,
+    max_tasks: int = DEFAULT_MAX_TASKS,
 ) -> None:
     """Serve ``env`` until cancelled; prints ``ROLLOUTS_SERVE_PORT=<port>`` once ready."""
     async with serving(
-        env, host, port, token=token, park_ttl_s=park_ttl_s, max_line_bytes=max_line_bytes
+        env,
+        host,
+        port,
+        token=token,
+        park_ttl_s=park_ttl_s,
+        max_line_bytes=max_line_bytes,
+        max_connections=max_connections,
+        max_tasks=max_tasks,
     ) as server:
         print(f"{SERVE_PORT_ANNOUNCEMENT}{server.port}", flush=True, file=sys.stdout)
         await asyncio.Event().wait()

@@ -108,6 +108,14 @@ class SessionTable:
             if s.state is SessionState.PARKED and s.runner is not None and not s.runner.graded
         ]
 
+    def tasks_in_progress(self, *, excluding: Session | None = None) -> int:
+        """How many sessions, live or parked, hold a task in progress (``excluding`` not counted)."""
+        return sum(
+            1
+            for s in self._sessions.values()
+            if s is not excluding and s.runner is not None and s.runner.in_progress
+        )
+
     async def close(self, session: Session) -> None:
         """Forget the session and tear its task down."""
         if session.state is SessionState.CLOSED:

@@ -137,6 +137,8 @@ class EnvClient:
                 raise
             if reply.get("id") != request_id:
                 self._drop()
+                if reply.get("id") is None and "error" in reply:  # refused before our request was read
+                    raise error_from_frame(reply["error"])
                 raise ProtocolError(ErrorCode.INTERNAL_ERROR, f"reply id {reply.get('id')!r} != request id {request_id}")
             if "error" in reply:
                 raise error_from_frame(reply["error"])
