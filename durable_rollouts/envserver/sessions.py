@@ -64,11 +64,16 @@ class SessionTable:
 
     Args:
         park_ttl_s: how long a parked session lives before its teardown runs.
+        max_idle_parked: parked sessions that never started a task (a ``hello`` and a disconnect)
+            kept at most; beyond it the longest-parked are closed, so such clients cannot grow
+            the table for a whole TTL. Sessions holding a task (or a grade) are never evicted.
     """
 
-    def __init__(self, park_ttl_s: float = 3600.0) -> None:
+    def __init__(self, park_ttl_s: float = 3600.0, max_idle_parked: int = 1024) -> None:
         self.park_ttl_s = park_ttl_s
+        self.max_idle_parked = max_idle_parked
         self._sessions: dict[str, Session] = {}
+        self._idle_parked: dict[str, Session] = {}  # in parking order
 
     def __contains__(self, session_id: str) -> bool:
         return session_id in self._sessions
@@ -92,10 +97,17 @@ class SessionTable:
             return
         session.transition(SessionState.PARKED)
         session._expiry = asyncio.create_task(self._expire_later(session))
+        if session.runner is None:
+            self._idle_parked[session.id] = session
+            while len(self._idle_parked) > self.max_idle_parked:
+                oldest = self._idle_parked.pop(next(iter(self._idle_parked)))
+                log.info("closing idle parked session %s (more than %d)", oldest.id, self.max_idle_parked)
+                self._close_idle(oldest)
 
     def resume(self, session: Session) -> None:
         """Bind a parked session to a new connection (stops its TTL clock)."""
         session.transition(SessionState.LIVE)
+        self._idle_parked.pop(session.id, None)
         if session._expiry is not None:
             session._expiry.cancel()
             session._expiry = None
@@ -122,6 +134,7 @@ class SessionTable:
             return
         session.transition(SessionState.CLOSED)
         self._sessions.pop(session.id, None)
+        self._idle_parked.pop(session.id, None)
         if session._expiry is not None and session._expiry is not asyncio.current_task():
             session._expiry.cancel()
         session._expiry = None
@@ -134,6 +147,14 @@ class SessionTable:
                 await self.close(session)
             except Exception:
                 log.exception("closing session %s failed", session.id)
+
+    def _close_idle(self, session: Session) -> None:
+        """Close a task-less parked session now (nothing to tear down, so no await needed)."""
+        session.transition(SessionState.CLOSED)
+        self._sessions.pop(session.id, None)
+        if session._expiry is not None:
+            session._expiry.cancel()
+            session._expiry = None
 
     async def _expire_later(self, session: Session) -> None:
         await asyncio.sleep(self.park_ttl_s)

@@ -264,3 +264,42 @@ def test_a_limit_below_one_exits_2_with_one_line(command: list[str], procs: list
     _, err = proc.communicate(timeout=20)
     assert proc.returncode == 2, err
     assert err.strip().splitlines() == ["error: --max-tasks must be at least 1, got 0"]
+
+
+# -- idle parked sessions --------------------------------------------------------------------------
+
+
+async def test_idle_parked_sessions_beyond_the_cap_are_closed_oldest_first() -> None:
+    """Sessions that said hello and left (no task) are capped; a parked task is never evicted."""
+    log: list[str] = []
+    async with serving(make_env(log)) as server:
+        server.sessions.max_idle_parked = 2
+        with_task = await _open(server.port)
+        kept_sid = (await with_task.result("hello"))["session_id"]
+        await with_task.result("tasks.start", _start("apple"))
+        await with_task.close()
+        idle: list[str] = []
+        for _ in range(4):
+            conn = await _open(server.port)
+            idle.append((await conn.result("hello"))["session_id"])
+            await conn.close()
+            await _eventually(lambda sid=idle[-1]: _parked(server, sid))
+        assert [sid in server.sessions for sid in idle] == [False, False, True, True]
+        assert kept_sid in server.sessions  # a parked task outlives any number of idle sessions
+
+        async def resumes(sid: str) -> bool:
+            conn = await _open(server.port)
+            try:
+                return "result" in await conn.call("hello", {"session_id": sid})
+            finally:
+                await conn.close()
+
+        assert not await resumes(idle[0])
+        assert await resumes(idle[3])
+        assert await resumes(kept_sid)
+        assert "teardown:apple" not in log
+
+
+async def _parked(server: EnvServer, sid: str) -> bool:
+    session = server.sessions.get(sid)
+    return session is None or session.state.value == "parked"
