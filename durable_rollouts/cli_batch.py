@@ -10,7 +10,14 @@ from typing import Annotated
 
 import typer
 
-from .cli_common import ConnectTimeoutOption, JsonOption, TemporalOption, WorkerOption, drive, json_option
+from .cli_common import (
+    ConnectTimeoutOption,
+    JsonOption,
+    TemporalOption,
+    WorkerOption,
+    drive,
+    json_option,
+)
 
 __all__ = ["register"]
 
@@ -165,6 +172,8 @@ def register(app: typer.Typer) -> None:
       rollouts worker                                   # against the embedded dev server
 
       rollouts worker --temporal temporal.internal:7233 --host-queue auto
+
+      rollouts worker --gc-every 60                     # sweep leaked sandboxes every minute
     """,
     )
     def worker_command(
@@ -184,9 +193,24 @@ def register(app: typer.Typer) -> None:
         until_job: Annotated[
             str | None, typer.Option("--until-job", help="exit once this job has closed")
         ] = None,
+        gc_every: Annotated[
+            float,
+            typer.Option(
+                "--gc-every",
+                envvar="ROLLOUTS_GC_EVERY",
+                min=0.0,
+                metavar="SECONDS",
+                help="remove orphaned substrates (what `rollouts gc` finds) every SECONDS; "
+                "0 disables it",
+            ),
+        ] = 300.0,
         connect_timeout: ConnectTimeoutOption = 5.0,
     ) -> None:
-        """Run a worker (workflows and rollout steps) until Ctrl-C / SIGTERM."""
+        """Run a worker (workflows and rollout steps) until Ctrl-C / SIGTERM.
+
+        In the background it removes orphaned substrates (leaked containers and env
+        subprocesses whose rollout is over) every --gc-every seconds, first soon after start.
+        """
         from .commands.service import run_worker
 
         drive(
@@ -196,6 +220,7 @@ def register(app: typer.Typer) -> None:
                 host_queue=host_queue,
                 until_job=until_job,
                 connect_timeout=connect_timeout,
+                gc_every_s=gc_every,
                 out=out,
             )
         )

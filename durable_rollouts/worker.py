@@ -4,8 +4,10 @@
 ``RolloutWorker`` polling the shared queue (workflows + activities) and, when different, this
 host's and this process's queues (activities of host-/process-local substrates). Run it with
 ``await worker.run()`` or ``async with worker:``. ``python -m durable_rollouts.worker --temporal
-HOST:PORT [--task-queue Q] [--host-queue auto|NAME]`` runs one as its own process (crash tests
-SIGKILL these); SIGTERM/SIGINT shut it down gracefully.
+HOST:PORT [--task-queue Q] [--host-queue auto|NAME] [--gc-every SECONDS]`` runs one as its own
+process (crash tests SIGKILL these); SIGTERM/SIGINT shut it down gracefully. With ``gc_every_s``
+the worker also runs ``sdk.gc.sweep`` in the background (default 300 s for worker processes, off
+for workers built in-process): substrates whose rollout is over are removed without ``rollouts gc``.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import os
 import signal
 import socket
 from datetime import timedelta
-from typing import Any
+from typing import Any, Self
 
 from temporalio.client import Client
 from temporalio.worker import Worker
@@ -29,9 +31,13 @@ from durable_rollouts.sdk.tracestore import TraceStore
 from durable_rollouts.workflows import Rollout, TasksetRun
 from durable_rollouts.workflows.types import DEFAULT_TASK_QUEUE
 
-__all__ = ["RolloutWorker", "build_worker", "host_queue_name", "main", "process_queue_name", "run_worker"]
+__all__ = ["DEFAULT_GC_EVERY_S", "RolloutWorker", "build_worker", "host_queue_name", "main",
+           "process_queue_name", "run_worker"]
 
 log = logging.getLogger(__name__)
+
+DEFAULT_GC_EVERY_S = 300.0  # the orphan sweep of worker processes; 0 disables it
+GC_EVERY_ENV = "ROLLOUTS_GC_EVERY"
 
 WORKFLOWS = [TasksetRun, Rollout]
 
@@ -45,15 +51,28 @@ def process_queue_name(task_queue: str = DEFAULT_TASK_QUEUE) -> str:
 
 
 class RolloutWorker:
-    """One or more temporalio Workers (shared queue + this host's/process's queues)."""
+    """One or more temporalio Workers (shared queue + this host's/process's queues), plus the
+    orphan sweep every ``gc_every_s`` seconds while they run (0 = none)."""
 
-    def __init__(self, workers: list[Worker], queues: Queues) -> None:
+    def __init__(self, workers: list[Worker], queues: Queues, *, gc_every_s: float = 0.0) -> None:
         self.workers = workers
         self.queues = queues
+        self.gc_every_s = gc_every_s
         self._task: asyncio.Task[Any] | None = None
 
     async def run(self) -> None:
-        await asyncio.gather(*(w.run() for w in self.workers))
+        sweeper = None
+        if self.gc_every_s > 0:
+            from durable_rollouts.sdk.gc import sweep
+
+            sweeper = asyncio.ensure_future(sweep(self.workers[0].client, self.gc_every_s))
+        try:
+            await asyncio.gather(*(w.run() for w in self.workers))
+        finally:
+            if sweeper is not None:
+                sweeper.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await sweeper
 
     async def shutdown(self) -> None:
         await asyncio.gather(*(w.shutdown() for w in self.workers), return_exceptions=True)
@@ -61,7 +80,7 @@ class RolloutWorker:
             with contextlib.suppress(BaseException):
                 await self._task
 
-    async def __aenter__(self) -> RolloutWorker:
+    async def __aenter__(self) -> Self:
         self._task = asyncio.ensure_future(self.run())
         return self
 
@@ -73,7 +92,7 @@ def build_worker(client: Client, *, task_queue: str = DEFAULT_TASK_QUEUE, host_q
                  process_queue: str | None = None, max_concurrent_activities: int = 500,
                  max_concurrent_workflow_tasks: int | None = None, trace_store: TraceStore | None = None,
                  sandbox: bool | None = None, identity: str | None = None,
-                 graceful_shutdown_s: float = 5.0) -> RolloutWorker:
+                 graceful_shutdown_s: float = 5.0, gc_every_s: float = 0.0) -> RolloutWorker:
     """Build (not start) the worker for ``client``.
 
     Args:
@@ -87,6 +106,8 @@ def build_worker(client: Client, *, task_queue: str = DEFAULT_TASK_QUEUE, host_q
         sandbox: run workflows in temporalio's sandbox or unsandboxed (faster); None reads
             ``ROLLOUTS_WORKFLOW_SANDBOX`` (default off: these workflows import only pure models,
             and the purity and replay tests guard them; the sandbox costs ~30% worker CPU).
+        gc_every_s: remove orphaned substrates every this many seconds while running, asking
+            ``client`` about their workflows (``sdk.gc.sweep``); 0 = never.
     """
     if host_queue == "auto":
         host_queue = host_queue_name(task_queue)
@@ -99,14 +120,14 @@ def build_worker(client: Client, *, task_queue: str = DEFAULT_TASK_QUEUE, host_q
     activities = [*rollout.all(), *TasksetActivities().all()]
     runner = SandboxedWorkflowRunner(
         restrictions=SandboxRestrictions.default.with_passthrough_modules("durable_rollouts"))
-    common: dict[str, Any] = dict(
-        max_concurrent_activities=max_concurrent_activities,
-        max_concurrent_local_activities=max_concurrent_activities,
-        max_heartbeat_throttle_interval=timedelta(seconds=2),
-        default_heartbeat_throttle_interval=timedelta(seconds=2),
-        graceful_shutdown_timeout=timedelta(seconds=graceful_shutdown_s),
-        identity=identity,
-    )
+    common: dict[str, Any] = {
+        "max_concurrent_activities": max_concurrent_activities,
+        "max_concurrent_local_activities": max_concurrent_activities,
+        "max_heartbeat_throttle_interval": timedelta(seconds=2),
+        "default_heartbeat_throttle_interval": timedelta(seconds=2),
+        "graceful_shutdown_timeout": timedelta(seconds=graceful_shutdown_s),
+        "identity": identity,
+    }
     workers = [Worker(
         client, task_queue=task_queue, workflows=WORKFLOWS, activities=activities,
         workflow_runner=runner if sandbox else _unsandboxed(),
@@ -116,7 +137,7 @@ def build_worker(client: Client, *, task_queue: str = DEFAULT_TASK_QUEUE, host_q
     )]
     for queue in queues.extra:
         workers.append(Worker(client, task_queue=queue, activities=rollout.all(), **common))
-    return RolloutWorker(workers, queues)
+    return RolloutWorker(workers, queues, gc_every_s=gc_every_s)
 
 
 def _unsandboxed() -> Any:
@@ -127,13 +148,15 @@ def _unsandboxed() -> Any:
 
 async def run_worker(address: str | None = None, *, task_queue: str = DEFAULT_TASK_QUEUE,
                      host_queue: str | None = None, process_queue: str | None = "auto",
-                     max_concurrent_activities: int = 500, stop: asyncio.Event | None = None) -> None:
+                     max_concurrent_activities: int = 500, stop: asyncio.Event | None = None,
+                     gc_every_s: float = DEFAULT_GC_EVERY_S) -> None:
     """Connect and run a worker until ``stop`` is set or SIGTERM/SIGINT arrives."""
     from durable_rollouts.sdk.temporal import connect_client
 
     client = await connect_client(address)
     worker = build_worker(client, task_queue=task_queue, host_queue=host_queue,
-                          process_queue=process_queue, max_concurrent_activities=max_concurrent_activities)
+                          process_queue=process_queue, max_concurrent_activities=max_concurrent_activities,
+                          gc_every_s=gc_every_s)
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -145,6 +168,17 @@ async def run_worker(address: str | None = None, *, task_queue: str = DEFAULT_TA
         await stop.wait()
 
 
+def gc_every(value: str) -> float:
+    """``--gc-every`` / ``$ROLLOUTS_GC_EVERY``: seconds >= 0 (0 disables the sweep)."""
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = -1.0
+    if not seconds >= 0:
+        raise argparse.ArgumentTypeError(f"must be a number of seconds >= 0 (0 disables it), got {value!r}")
+    return seconds
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m durable_rollouts.worker")
     parser.add_argument("--temporal", default=None, help="HOST:PORT (default: embedded dev server)")
@@ -152,11 +186,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--host-queue", default=None, help="'auto' = <queue>@<hostname>")
     parser.add_argument("--process-queue", default="auto", help="'auto' = <queue>@<host>:<pid>")
     parser.add_argument("--max-concurrent-activities", type=int, default=500)
+    parser.add_argument("--gc-every", type=gc_every, metavar="SECONDS",
+                        default=os.environ.get(GC_EVERY_ENV, str(DEFAULT_GC_EVERY_S)),
+                        help=f"remove orphaned substrates every SECONDS (0 = never; ${GC_EVERY_ENV})")
     args = parser.parse_args(argv)
     logging.basicConfig(level=os.environ.get("ROLLOUTS_LOG_LEVEL", "WARNING"))
     asyncio.run(run_worker(args.temporal, task_queue=args.task_queue, host_queue=args.host_queue,
                            process_queue=args.process_queue,
-                           max_concurrent_activities=args.max_concurrent_activities))
+                           max_concurrent_activities=args.max_concurrent_activities,
+                           gc_every_s=args.gc_every))
 
 
 if __name__ == "__main__":

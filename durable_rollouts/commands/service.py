@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import os
 import signal
 import socket
@@ -93,14 +94,22 @@ async def run_worker(
     until_job: str | None,
     connect_timeout: float,
     out: Console,
+    gc_every_s: float = 300.0,
 ) -> int:
-    """Poll ``task_queue`` until Ctrl-C/SIGTERM (or, with ``until_job``, until that job closed)."""
+    """Poll ``task_queue`` until Ctrl-C/SIGTERM (or, with ``until_job``, until that job closed),
+    sweeping orphaned substrates every ``gc_every_s`` seconds (0 = never)."""
     from ..worker import build_worker
     from .jobs import connect
 
+    if os.environ.get("ROLLOUTS_LOG_LEVEL"):  # e.g. INFO: one line per removed orphan
+        logging.basicConfig(level=os.environ["ROLLOUTS_LOG_LEVEL"].upper())
     client = await connect(address, connect_timeout)
     worker = build_worker(
-        client, task_queue=task_queue, host_queue=host_queue, process_queue="auto"
+        client,
+        task_queue=task_queue,
+        host_queue=host_queue,
+        process_queue="auto",
+        gc_every_s=gc_every_s,
     )
     stop = _stop_event()
     async with worker:

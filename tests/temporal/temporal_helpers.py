@@ -78,7 +78,8 @@ async def async_wait_for(predicate, timeout: float = 30.0, interval: float = 0.0
 class WorkerProcess:
     """``python -m durable_rollouts.worker`` as a real child process (SIGKILL-able)."""
 
-    def __init__(self, address: str, task_queue: str, env: dict[str, str] | None = None) -> None:
+    def __init__(self, address: str, task_queue: str, env: dict[str, str] | None = None,
+                 gc_every: float | None = None) -> None:
         penv = dict(os.environ)
         penv["PYTHONPATH"] = os.pathsep.join([str(HERE), penv.get("PYTHONPATH", "")]).rstrip(os.pathsep)
         penv.update(env or {})
@@ -86,7 +87,8 @@ class WorkerProcess:
         with open(self.log, "wb") as out:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "durable_rollouts.worker", "--temporal", address,
-                 "--task-queue", task_queue, "--process-queue", task_queue],
+                 "--task-queue", task_queue, "--process-queue", task_queue,
+                 *([] if gc_every is None else ["--gc-every", str(gc_every)])],
                 env=penv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
             )
         try:
