@@ -155,10 +155,12 @@ class Endpoint(_Model):
 
     ``handle`` is provider-specific (pid, container id ...). ``task_queue`` is set when the
     substrate is reachable only from the host that provisioned it: later steps run there.
+    An Endpoint is recorded in workflow history, so built-in providers put no token here:
+    ``params["token_from"] == "key"`` says the token is derived from ``key`` (``sdk.tokens``).
     """
 
     url: str
-    # params may carry a substrate token: keep it out of reprs (and so out of logs).
+    # params may still carry a token (a borrowed Runtime, older histories): keep it out of reprs.
     params: dict[str, Any] = Field(default_factory=dict, repr=False)
     config: RuntimeConfig | None = None
     provider: ProviderSpec

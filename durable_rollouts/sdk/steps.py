@@ -27,6 +27,7 @@ from ..errors import (
     ReadyTimeoutError,
     RemoteTaskError,
     SubstrateGoneError,
+    UnauthorizedError,
 )
 from ..models import (
     AgentInput,
@@ -53,6 +54,7 @@ from .client import parse_url
 from .providers import DurableProvider, provider_from_spec
 from .paths import rollouts_home, safe_name
 from .run import Run
+from .tokens import endpoint_token, token_rejected, uses_derived_token
 from .tracestore import TraceStore
 
 __all__ = [
@@ -92,10 +94,21 @@ def _ready_timeout(endpoint: Endpoint, override: float | None = None) -> float:
     return DEFAULT_READY_TIMEOUT_S
 
 
+async def _hello(endpoint: Endpoint, ready_timeout: float, session_id: str | None = None) -> EnvClient:
+    """Connect with the endpoint's token (derived again from its key: never stored in history)."""
+    try:
+        return await _open(endpoint.url, ready_timeout=ready_timeout, session_id=session_id,
+                           token=endpoint_token(endpoint))
+    except UnauthorizedError as exc:
+        if not uses_derived_token(endpoint):
+            raise
+        raise token_rejected(exc, endpoint.url) from exc
+
+
 async def _fresh(endpoint: Endpoint, ready_timeout: float) -> EnvClient:
     """A new session; a substrate that never answers is reported gone."""
     try:
-        return await _open(endpoint.url, ready_timeout=ready_timeout, token=endpoint.params.get("token"))
+        return await _hello(endpoint, ready_timeout)
     except ReadyTimeoutError as exc:
         raise SubstrateGoneError(f"substrate at {endpoint.url} did not answer: {exc}") from exc
 
@@ -127,8 +140,7 @@ async def _resume(endpoint: Endpoint, session: Session, ready_timeout: float | N
     last: ProtocolError | None = None
     for delay in (*_RESUME_BACKOFF_S, None):
         try:
-            return await _open(endpoint.url, ready_timeout=timeout, session_id=session.session_id,
-                               token=endpoint.params.get("token"))
+            return await _hello(endpoint, timeout, session.session_id)
         except ReadyTimeoutError as exc:
             raise SubstrateGoneError(f"substrate at {endpoint.url} is gone: {exc}") from exc
         except ProtocolError as exc:

@@ -23,6 +23,7 @@ from durable_rollouts.sdk.direct import run_direct
 from durable_rollouts.sdk.gc import LABEL_DEADLINE, LABEL_OWNER, collect, find_orphans
 from durable_rollouts.sdk.providers.docker import DockerRuntime
 from durable_rollouts.sdk.taskset import Taskset
+from durable_rollouts.sdk.tokens import substrate_token
 
 from substrates_support import ENV_IMAGE_DIR, TEST_KEY_PREFIX, containers_for
 
@@ -47,13 +48,14 @@ async def test_docker_runtime_serves_a_task_over_the_published_port_and_release_
     endpoint = await runtime.acquire(_task(), key)
     try:
         assert endpoint.url.startswith("tcp://127.0.0.1:")
-        assert endpoint.params["token"] and endpoint.handle["container"]
-        async with await connect(endpoint.url, token=endpoint.params["token"]) as client:
+        assert "token" not in endpoint.params and endpoint.handle["container"]
+        async with await connect(endpoint.url, token=substrate_token(key)) as client:
             prompt = await client.start_task("count_letter", {"word": "strawberry", "letter": "r"})
             assert "strawberry" in str(prompt)
             assert (await client.grade("3"))["score"] == 1.0
         [container] = containers_for(docker_client, key)
         assert container.labels["durable-rollouts.key"] == key
+        assert f"ROLLOUTS_ENV_TOKEN={substrate_token(key)}" in container.attrs["Config"]["Env"]
         assert container.attrs["HostConfig"]["PortBindings"]["8765/tcp"][0]["HostIp"] == "127.0.0.1"
     finally:
         await runtime.release(endpoint)
@@ -83,7 +85,8 @@ async def test_second_acquire_with_the_same_key_reuses_the_running_container(
         # A retried provision usually comes from a fresh worker: use a fresh provider object.
         second = await DockerRuntime(test_image).acquire(_task(), key)
         assert second.handle["id"] == first.handle["id"]
-        assert second.url == first.url and second.params["token"] == first.params["token"]
+        assert second.url == first.url and second.params == first.params
+        assert "token" not in second.params
         assert len(containers_for(docker_client, key)) == 1
     finally:
         await runtime.release(first)
@@ -150,7 +153,7 @@ async def test_resource_limits_and_an_unprivileged_sandbox_are_applied(docker_cl
         assert host["ReadonlyRootfs"] is True and "/tmp" in host["Tmpfs"]
         assert host["Privileged"] is False
         assert float(container.labels[LABEL_DEADLINE]) > time.time() + 500
-        async with await connect(endpoint.url, token=endpoint.params["token"]) as client:
+        async with await connect(endpoint.url, token=substrate_token(key)) as client:
             prompt = await client.start_task("whoami", {})
         assert "uid=10001" in str(prompt)  # the image's unprivileged user, not root
     finally:
@@ -202,9 +205,10 @@ async def test_a_missing_image_is_a_config_error(docker_client):
 async def test_a_one_mebibyte_argument_travels_over_the_socket(docker_client, test_image):
     runtime = DockerRuntime(test_image)
     blob = "x" * (1024 * 1024)
-    endpoint = await runtime.acquire(_task("echo_size", blob=blob), _key())
+    key = _key()
+    endpoint = await runtime.acquire(_task("echo_size", blob=blob), key)
     try:
-        async with await connect(endpoint.url, token=endpoint.params["token"]) as client:
+        async with await connect(endpoint.url, token=substrate_token(key)) as client:
             prompt = await client.start_task("echo_size", {"blob": blob})
             assert f"size={len(blob)}" in str(prompt)
             assert (await client.grade(str(len(blob))))["score"] == 1.0

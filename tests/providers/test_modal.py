@@ -23,6 +23,7 @@ from durable_rollouts.errors import ProviderError
 from durable_rollouts.models import RuntimeConfig
 from durable_rollouts.sdk.client import connect
 from durable_rollouts.sdk.providers.modal import ModalRuntime
+from durable_rollouts.sdk.tokens import substrate_token
 
 from fake_modal import FakeModal
 from substrates_support import ENV_IMAGE_DIR
@@ -64,9 +65,11 @@ async def test_modal_runtime_creates_a_tunnelled_sandbox_and_terminates_it(fake_
         assert kwargs["cpu"] == 2 and kwargs["memory"] == 1024 and kwargs["gpu"] == "T4:1"
         assert kwargs["image"] == ("image", "registry.example/env:1")
         assert kwargs["tags"]["durable-rollouts.key"] == key
-        assert kwargs["env"]["ROLLOUTS_ENV_TOKEN"] == endpoint.params["token"]
+        assert kwargs["env"]["ROLLOUTS_ENV_TOKEN"] == substrate_token(key)
+        assert substrate_token(key) not in kwargs["tags"].values()  # tags are not secret
+        assert "token" not in endpoint.params
         assert runtime.locality == "global"
-        async with await connect(endpoint.url, token=endpoint.params["token"]) as client:
+        async with await connect(endpoint.url, token=substrate_token(key)) as client:
             await client.start_task("count_letter", {"word": "strawberry", "letter": "r"})
             assert (await client.grade("3"))["score"] == 1.0
     finally:
@@ -83,7 +86,7 @@ async def test_a_retried_acquire_reuses_the_sandbox_tagged_with_its_key(fake_mod
     try:
         assert len(_creates(fake_modal)) == 1
         assert second.handle["sandbox_id"] == first.handle["sandbox_id"] and second.url == first.url
-        assert second.params["token"] == first.params["token"]
+        assert second.params == first.params and "token" not in second.params
     finally:
         await _runtime().release(first)
 
@@ -118,11 +121,10 @@ async def test_live_modal_sandbox_serves_a_task():
     if not image:
         pytest.skip("live Modal test: set ROLLOUTS_MODAL_IMAGE to an env image Modal can pull")
     runtime = ModalRuntime(image)
-    endpoint = await runtime.acquire(
-        ENV.templates["count_letter"](), f"live-{uuid.uuid4().hex[:8]}"
-    )
+    key = f"live-{uuid.uuid4().hex[:8]}"
+    endpoint = await runtime.acquire(ENV.templates["count_letter"](), key)
     try:
-        async with await connect(endpoint.url, token=endpoint.params["token"]) as client:
+        async with await connect(endpoint.url, token=substrate_token(key)) as client:
             await client.start_task("count_letter", {})
             assert (await client.grade("3"))["score"] == 1.0
     finally:

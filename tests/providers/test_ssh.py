@@ -27,6 +27,7 @@ from durable_rollouts.sdk.direct import run_direct
 from durable_rollouts.sdk.providers import ssh as ssh_module
 from durable_rollouts.sdk.providers.ssh import SSHRuntime
 from durable_rollouts.sdk.taskset import Taskset
+from durable_rollouts.sdk.tokens import substrate_token
 
 from substrates_support import ENV_IMAGE_DIR
 
@@ -127,8 +128,10 @@ async def test_ssh_runtime_serves_the_env_through_a_forwarded_port_and_release_s
         assert endpoint.url.startswith("tcp://127.0.0.1:")
         assert int(endpoint.url.rsplit(":", 1)[1]) != endpoint.handle["remote_port"]  # a forward
         assert (remote_dir / "token").stat().st_mode & 0o077 == 0
+        assert (remote_dir / "token").read_text() == substrate_token(key)
+        assert "token" not in endpoint.params
         assert _alive(pid) and os.getpgid(pid) == pid  # its own process group, survives us
-        async with await connect(endpoint.url, token=endpoint.params["token"]) as client:
+        async with await connect(endpoint.url, token=substrate_token(key)) as client:
             await client.start_task("count_letter", {"word": "strawberry", "letter": "r"})
             assert (await client.grade("3"))["score"] == 1.0
     finally:
@@ -148,8 +151,29 @@ async def test_a_retried_acquire_in_a_fresh_process_reuses_the_remote_server(ssh
         ssh_module._FORWARDS.clear()  # a new worker process starts so (its forwards died)
         second = await ssh_host.runtime().acquire(_task(), key)
         assert second.handle["remote_port"] == first.handle["remote_port"]
-        assert second.params["token"] == first.params["token"]
-        async with await connect(second.url, token=second.params["token"]) as client:
+        assert second.params == first.params and "token" not in second.params
+        async with await connect(second.url, token=substrate_token(key)) as client:
+            assert await client.start_task("count_letter", {})
+    finally:
+        await ssh_host.runtime().release(first)
+
+
+async def test_a_remote_server_started_under_another_token_secret_is_restarted(
+    ssh_host, monkeypatch
+):
+    """A worker with another secret cannot use the server: it starts its own under the key."""
+    key = f"ssh-{uuid.uuid4().hex[:8]}"
+    monkeypatch.setenv("ROLLOUTS_TOKEN_SECRET", "host-a")
+    first = await ssh_host.runtime().acquire(_task(), key)
+    try:
+        old_pid = int((Path(first.handle["dir"]) / "pid").read_text())
+        ssh_module._FORWARDS.clear()
+        monkeypatch.setenv("ROLLOUTS_TOKEN_SECRET", "host-b")
+        second = await ssh_host.runtime().acquire(_task(), key)
+        assert int((Path(second.handle["dir"]) / "pid").read_text()) != old_pid
+        assert not _alive(old_pid)
+        assert (Path(second.handle["dir"]) / "token").read_text() == substrate_token(key)
+        async with await connect(second.url, token=substrate_token(key)) as client:
             assert await client.start_task("count_letter", {})
     finally:
         await ssh_host.runtime().release(first)
@@ -176,11 +200,12 @@ async def test_a_remote_python_without_the_package_gets_it_uploaded(ssh_host, tm
     )
     wrapper.chmod(0o755)
     runtime = ssh_host.runtime(python=str(wrapper))
-    endpoint = await runtime.acquire(_task(), f"ssh-{uuid.uuid4().hex[:8]}")
+    key = f"ssh-{uuid.uuid4().hex[:8]}"
+    endpoint = await runtime.acquire(_task(), key)
     try:
         uploaded = list((ssh_host.workdir / "pkg").glob("*/durable_rollouts/envserver/__main__.py"))
         assert len(uploaded) == 1
-        async with await connect(endpoint.url, token=endpoint.params["token"]) as client:
+        async with await connect(endpoint.url, token=substrate_token(key)) as client:
             assert await client.start_task("count_letter", {})
     finally:
         await runtime.release(endpoint)

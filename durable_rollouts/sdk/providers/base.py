@@ -23,8 +23,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
-from ...errors import ConfigError, ProviderError, ReadyTimeoutError
+from ...errors import ConfigError, ProviderError, ReadyTimeoutError, UnauthorizedError
 from ...models import Endpoint, ProviderSpec, RuntimeConfig, Task
+from ..tokens import TOKEN_FROM, endpoint_token, token_rejected
 
 __all__ = ["DurableProvider", "Locality", "Runtime", "log_tail"]
 
@@ -81,8 +82,12 @@ class DurableProvider(ABC):
 @asynccontextmanager
 async def _provide(provider: DurableProvider, task: Task) -> AsyncIterator[Runtime]:
     endpoint = await provider.acquire(task, f"adhoc-{uuid.uuid4().hex[:12]}")
+    params = {k: v for k, v in endpoint.params.items() if k != TOKEN_FROM}
+    token = endpoint_token(endpoint)  # in-process only: a Runtime carries its token
+    if token is not None:
+        params["token"] = token
     try:
-        yield Runtime(endpoint.url, dict(endpoint.params), endpoint.config)
+        yield Runtime(endpoint.url, params, endpoint.config)
     finally:
         await provider.release(endpoint)
 
@@ -95,7 +100,9 @@ class Runtime(DurableProvider):
 
     Args:
         url: ``tcp://host:port`` of the control channel.
-        params: extra connection parameters (``token``, ``ready_timeout``).
+        params: extra connection parameters (``token``, ``ready_timeout``). A borrowed server's
+            token travels in the provider spec (so in workflow history, unless
+            ``ROLLOUTS_PAYLOAD_KEY`` is set); built-in providers derive theirs instead.
         config: the RuntimeConfig it was placed with, if any (informational).
     """
 
@@ -174,6 +181,7 @@ async def probe_ready(
 ) -> None:
     """``hello`` a fresh substrate until it answers, failing fast if it dies meanwhile.
 
+    ``token`` is the substrate's key-derived token (a rejection says how to fix the secret).
     ``died()`` returns a message (with logs) once the substrate is gone, else None;
     ``timed_out(exc)`` builds the message of the ``ReadyTimeoutError`` raised after ``timeout``.
     The probe's session is closed with ``bye``: the rollout opens its own.
@@ -193,6 +201,8 @@ async def probe_ready(
             client = probe.result()
         except ReadyTimeoutError as exc:
             raise ReadyTimeoutError(await timed_out(exc)) from exc
+        except UnauthorizedError as exc:
+            raise token_rejected(exc, url) from exc
         try:
             await client.bye()
         finally:

@@ -2,12 +2,13 @@
 
 The container is named and labelled after the rollout key, so a retried ``acquire`` (a new worker
 process after a crash) finds and reuses the running container instead of starting a second one,
-and replaces a dead one. The env inside serves on ``0.0.0.0:<port>`` with a random per-container
-token (container environment ``ROLLOUTS_ENV_TOKEN``; returned in ``Endpoint.params["token"]``);
-the port is published on ``127.0.0.1`` with an ephemeral host port, so the endpoint is reachable
-from this host only (locality ``host``). Containers run unprivileged: all capabilities dropped,
-``no-new-privileges``, read-only root with a tmpfs ``/tmp``, a pids limit. ``release`` always
-force-removes the container. Images come from ``docker/env.Dockerfile`` (see docker/README.md).
+and replaces a dead one (or one started under another token secret). The env inside serves on
+``0.0.0.0:<port>`` with the rollout key's derived token (``sdk.tokens``; container environment
+``ROLLOUTS_ENV_TOKEN``, never in the Endpoint: later steps derive it again); the port is published
+on ``127.0.0.1`` with an ephemeral host port, so the endpoint is reachable from this host only
+(locality ``host``). Containers run unprivileged: all capabilities dropped, ``no-new-privileges``,
+read-only root with a tmpfs ``/tmp``, a pids limit. ``release`` always force-removes the container.
+Images come from ``docker/env.Dockerfile`` (see docker/README.md).
 
 Imports models, errors and the provider base; never another provider module or the Temporal
 layer (owner labels come from ``sdk.gc``).
@@ -17,8 +18,8 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import hmac
 import logging
-import secrets
 import socket
 import threading
 import time
@@ -28,6 +29,7 @@ from ...errors import ConfigError, ProviderError, ReadyTimeoutError
 from ...models import Endpoint, ProviderSpec, RuntimeConfig, Task
 from ..gc import LABEL_DEADLINE, LABEL_KEY, owner_labels
 from ..paths import safe_name
+from ..tokens import derived_params, substrate_token
 from .base import CONTAINER_FIELDS, DurableProvider, Locality, probe_ready
 
 __all__ = ["DockerRuntime", "container_name"]
@@ -195,15 +197,15 @@ class DockerRuntime(DurableProvider):
                 "build it with docker/env.Dockerfile (see docker/README.md)"
             ) from exc
 
-    def _create(self, name: str, image: str, labels: dict[str, str], config: RuntimeConfig) -> Any:
+    def _create(
+        self, name: str, image: str, labels: dict[str, str], config: RuntimeConfig, token: str
+    ) -> Any:
         from docker.errors import APIError
         from docker.types import DeviceRequest
 
         res, limits = config.resources, config.limits
         environment = dict(self.env_vars)
-        environment.update(
-            {TOKEN_VAR: secrets.token_urlsafe(32), "ROLLOUTS_ENV_PORT": str(self.port)}
-        )
+        environment.update({TOKEN_VAR: token, "ROLLOUTS_ENV_PORT": str(self.port)})
         if limits.run_timeout_s:
             environment["ROLLOUTS_RUN_TIMEOUT_S"] = f"{limits.run_timeout_s:g}"
         kwargs: dict[str, Any] = {
@@ -246,20 +248,22 @@ class DockerRuntime(DurableProvider):
                 ) from exc
             raise ProviderError(f"docker could not start {name} from {image!r}: {exc}") from exc
 
-    def _place(self, task: Task, key: str, config: RuntimeConfig) -> tuple[Any, bool]:
-        """The running container for ``key``: reused when alive, else (re)created."""
+    def _place(self, task: Task, key: str, config: RuntimeConfig, token: str) -> tuple[Any, bool]:
+        """The running container for ``key``: reused when alive with ``token``, else (re)created."""
         name = container_name(key)
         container = self._find(name)
         if container is not None:
             if container.labels.get(LABEL_KEY) != key:
                 raise ProviderError(f"container {name} belongs to another key; remove it")
-            if container.status == "running":
+            same_token = hmac.compare_digest(_container_env(container).get(TOKEN_VAR, ""), token)
+            if same_token and container.status == "running":
                 return container, True
-            if container.status == "created":
+            if same_token and container.status == "created":
                 container.start()
                 container.reload()
                 return container, True
-            log.info("replacing dead container %s (status %s)", name, container.status)
+            why = f"status {container.status}" if same_token else "another token secret"
+            log.info("replacing container %s (%s)", name, why)
             self._remove(name)
         image = config.image or self.image
         if not image:
@@ -269,7 +273,7 @@ class DockerRuntime(DurableProvider):
         self._ensure_image(image)
         labels = owner_labels(key, slug=task.slug, run_timeout_s=config.limits.run_timeout_s)
         labels = {k: v for k, v in labels.items() if v}
-        return self._create(name, image, labels, config), False
+        return self._create(name, image, labels, config, token), False
 
     def _state(self, container: Any) -> tuple[str, int | None, str | None]:
         """(status, exit code, host port) after a reload."""
@@ -311,7 +315,8 @@ class DockerRuntime(DurableProvider):
         """Start (or find) the container for ``key`` and wait until its env answers ``hello``."""
         self.check_task(task)
         config = merge_config(self.runtime_config, task.runtime_config)
-        container, reused = await asyncio.to_thread(self._place, task, key, config)
+        token = substrate_token(key)
+        container, reused = await asyncio.to_thread(self._place, task, key, config, token)
         startup = config.limits.startup_timeout_s or DEFAULT_STARTUP_TIMEOUT_S
         try:
             status, code, host_port = await asyncio.to_thread(self._state, container)
@@ -322,7 +327,6 @@ class DockerRuntime(DurableProvider):
                 status, code, host_port = await asyncio.to_thread(self._state, container)
             if status != "running" or host_port is None:
                 raise ProviderError(await self._died_message(container, status, code))
-            token = _container_env(container).get(TOKEN_VAR)
             url = f"tcp://127.0.0.1:{host_port}"
             await self._wait_ready(container, url, token, startup)
         except BaseException:
@@ -343,7 +347,7 @@ class DockerRuntime(DurableProvider):
             handle["deadline"] = float(deadline)
         return Endpoint(
             url=url,
-            params={"token": token, "ready_timeout": startup},
+            params=derived_params(ready_timeout=startup),
             config=config,
             provider=self.spec(),
             key=key,
@@ -371,7 +375,7 @@ class DockerRuntime(DurableProvider):
         )
 
     async def _wait_ready(
-        self, container: Any, url: str, token: str | None, timeout: float
+        self, container: Any, url: str, token: str, timeout: float
     ) -> None:
         """``hello`` through the published port, failing fast (with logs) if the container dies."""
 

@@ -3,8 +3,10 @@
 The sandbox runs the env image's entry point (``rollouts-env`` from docker/env.Dockerfile, which
 serves ``$ROLLOUTS_ENV_FILE`` on ``0.0.0.0:$ROLLOUTS_ENV_PORT``) with ``unencrypted_ports=[port]``;
 the endpoint is the TCP tunnel ``sandbox.tunnels()[port].tcp_socket``, reachable from anywhere
-(locality ``global``) and therefore always protected by a random per-sandbox token, passed in
-the sandbox environment. Sandboxes are tagged with the rollout key, so a retried acquire finds
+(locality ``global``) and therefore always protected by the rollout key's derived token
+(``sdk.tokens``), passed in the sandbox environment only: neither the tags nor the Endpoint carry
+it, every later step derives it again (workers on several hosts need the same
+``ROLLOUTS_TOKEN_SECRET``). Sandboxes are tagged with the rollout key, so a retried acquire finds
 and reuses its own running sandbox instead of creating a second. The sandbox timeout is the run
 timeout plus a margin, so Modal itself removes a forgotten sandbox; ``release`` terminates it.
 
@@ -15,13 +17,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import secrets
 from contextlib import suppress
 from typing import Any, ClassVar
 
 from ...errors import ConfigError, ProviderError, ReadyTimeoutError
 from ...models import Endpoint, ProviderSpec, RuntimeConfig, Task
 from ..gc import LABEL_KEY, owner_labels
+from ..tokens import derived_params, substrate_token
 from .base import CONTAINER_FIELDS, DurableProvider, Locality, probe_ready
 from .docker import container_name, merge_config
 
@@ -33,7 +35,6 @@ DEFAULT_STARTUP_TIMEOUT_S = 600.0
 DEFAULT_RUN_TIMEOUT_S = 3600.0
 TIMEOUT_MARGIN_S = 600
 LOG_TAIL_LINES = 40
-TOKEN_TAG = "durable-rollouts.token"
 
 
 class ModalRuntime(DurableProvider):
@@ -143,14 +144,12 @@ class ModalRuntime(DurableProvider):
         if sb is None:
             sb = await self._create(modal, app, task, key, config)
         try:
-            tags = await sb.get_tags.aio()
-            token = tags.get(TOKEN_TAG, "")
             tunnels = await sb.tunnels.aio(timeout=int(startup))
             if self.port not in tunnels:
                 raise ProviderError(f"sandbox {sb.object_id} has no tunnel for port {self.port}")
             host, port = tunnels[self.port].tcp_socket
             url = f"tcp://{host}:{port}"
-            await self._wait_ready(sb, url, token, startup)
+            await self._wait_ready(sb, url, substrate_token(key), startup)
         except BaseException:
             with suppress(Exception):
                 await asyncio.shield(sb.terminate.aio())
@@ -160,7 +159,7 @@ class ModalRuntime(DurableProvider):
         )
         return Endpoint(
             url=url,
-            params={"token": token, "ready_timeout": startup},
+            params=derived_params(ready_timeout=startup),
             config=config,
             provider=self.spec(),
             key=key,
@@ -176,15 +175,15 @@ class ModalRuntime(DurableProvider):
                 "ModalRuntime needs an image (ModalRuntime(image) or runtime_config.image)"
             )
         run_timeout = config.limits.run_timeout_s or DEFAULT_RUN_TIMEOUT_S
-        token = secrets.token_urlsafe(32)
         tags = {
             k: v
             for k, v in owner_labels(key, slug=task.slug, run_timeout_s=run_timeout).items()
             if v
         }
-        tags[TOKEN_TAG] = token
         env = dict(self.env_vars)
-        env.update({"ROLLOUTS_ENV_TOKEN": token, "ROLLOUTS_ENV_PORT": str(self.port)})
+        env.update(
+            {"ROLLOUTS_ENV_TOKEN": substrate_token(key), "ROLLOUTS_ENV_PORT": str(self.port)}
+        )
         kwargs: dict[str, Any] = {}
         res = config.resources
         if res.cpu is not None:

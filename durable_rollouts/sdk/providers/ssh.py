@@ -15,7 +15,9 @@ Remote layout under ``workdir``::
     pkg/<sha>/durable_rollouts/      this package, when the remote Python lacks it
     substrates/<key>/{pid,port,token,log}
 
-The token travels in a mode-600 file, never on a command line. ``release`` kills the remote
+The server's token is the rollout key's derived token (``sdk.tokens``): it travels in a mode-600
+file, never on a command line nor in the Endpoint (later steps derive it again); a server found
+with another token (another worker secret) is restarted. ``release`` kills the remote
 process group and removes the key's directory (idempotent). Imports models, errors and the
 provider base only.
 """
@@ -23,6 +25,7 @@ provider base only.
 from __future__ import annotations
 
 import hashlib
+import hmac
 import logging
 import secrets
 import shlex
@@ -30,9 +33,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
-from ...errors import ConfigError, ProviderError
+from ...errors import ConfigError, ProviderError, UnauthorizedError
 from ...models import Endpoint, ProviderSpec, Task
 from ..paths import safe_name
+from ..tokens import derived_params, substrate_token, token_rejected
 from .base import DurableProvider, Locality
 
 __all__ = ["SSHRuntime"]
@@ -221,7 +225,8 @@ class SSHRuntime(DurableProvider):
         run_timeout = limits.run_timeout_s if limits else None
         conn = await self._connect()
         try:
-            remote_port, token = await self._remote_server(conn, task, key, startup, run_timeout)
+            token = substrate_token(key)
+            remote_port = await self._remote_server(conn, task, key, token, startup, run_timeout)
             old = _FORWARDS.pop(key, None)
             if old is not None:
                 _close_forward(old)
@@ -238,7 +243,7 @@ class SSHRuntime(DurableProvider):
             raise
         return Endpoint(
             url=url,
-            params={"token": token, "ready_timeout": startup},
+            params=derived_params(ready_timeout=startup),
             config=task.runtime_config,
             provider=self.spec(),
             key=key,
@@ -250,8 +255,14 @@ class SSHRuntime(DurableProvider):
         )
 
     async def _remote_server(
-        self, conn: Any, task: Task, key: str, startup: float, run_timeout: float | None
-    ) -> tuple[int, str]:
+        self,
+        conn: Any,
+        task: Task,
+        key: str,
+        token: str,
+        startup: float,
+        run_timeout: float | None,
+    ) -> int:
         d = self._dir(key)
         alive = await self._sh(
             conn,
@@ -262,12 +273,13 @@ class SSHRuntime(DurableProvider):
         )
         first, _, rest = alive.stdout.partition("\n")
         if first.startswith("ALIVE "):
-            log.info("reusing remote env server for %s on %s", key, self.host)
-            return int(first.split()[1]), rest.strip()
+            if hmac.compare_digest(rest.strip(), token):
+                log.info("reusing remote env server for %s on %s", key, self.host)
+                return int(first.split()[1])
+            log.info("restarting env server for %s on %s: other token secret", key, self.host)
         await self._sh(conn, self._in_wd(_kill_script(d) + f"; rm -rf {d}; mkdir -p {d}"))
         env_rel = await self._upload_env(conn, task.source or "")
         pythonpath = await self._pythonpath(conn)
-        token = secrets.token_urlsafe(32)
         async with conn.start_sftp_client() as sftp:
             async with sftp.open(f"{self.workdir}/{d}/token", "w", attrs=_sftp_attrs(0o600)) as fh:
                 await fh.write(token)
@@ -314,7 +326,7 @@ class SSHRuntime(DurableProvider):
         )
         head, _, tail = wait.stdout.partition("\n")
         if wait.exit_status == 0 and head.startswith("PORT "):
-            return int(head.split()[1]), token
+            return int(head.split()[1])
         await self._sh(conn, self._in_wd(_kill_script(d)), check=False)
         what = "exited" if head == "DEAD" else f"did not announce its port within {startup:g}s"
         raise ProviderError(
@@ -367,7 +379,10 @@ def _close_forward(fwd: _Forward) -> None:
 async def _probe(url: str, token: str, timeout: float) -> None:
     from ..client import connect
 
-    client = await connect(url, ready_timeout=timeout, token=token, keepalive_s=None)
+    try:
+        client = await connect(url, ready_timeout=timeout, token=token, keepalive_s=None)
+    except UnauthorizedError as exc:
+        raise token_rejected(exc, url) from exc
     try:
         await client.bye()
     finally:
