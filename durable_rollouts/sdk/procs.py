@@ -1,11 +1,14 @@
-"""Process liveness checks shared by the subprocess provider, the embedded server and gc."""
+"""Process helpers shared by the subprocess provider, the embedded server and gc: liveness and
+the ``state.json`` a placed process is recorded in."""
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
+from typing import Any
 
-__all__ = ["pid_alive"]
+__all__ = ["pid_alive", "read_state", "write_state"]
 
 
 def pid_alive(pid: int) -> bool:
@@ -21,3 +24,20 @@ def pid_alive(pid: int) -> bool:
     except OSError:
         return not Path("/proc/self").exists()  # no procfs: trust kill(0)
     return stat.rsplit(")", 1)[-1].split()[0] not in ("Z", "X")
+
+
+def read_state(directory: Path) -> dict[str, Any] | None:
+    """``directory/state.json`` (None when missing, unreadable or without an integer pid)."""
+    try:
+        state = json.loads((directory / "state.json").read_text())
+        int(state["pid"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return state if isinstance(state, dict) else None
+
+
+def write_state(directory: Path, state: dict[str, Any]) -> None:
+    """Replace ``directory/state.json`` atomically."""
+    tmp = directory / f".state.{os.getpid()}.tmp"
+    tmp.write_text(json.dumps(state))
+    os.replace(tmp, directory / "state.json")

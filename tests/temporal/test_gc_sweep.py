@@ -22,7 +22,7 @@ from temporal_helpers import ENV_FILE, CountingAgent, WorkerProcess, async_wait_
 from temporalio.common import RetryPolicy
 
 from durable_rollouts.models import Endpoint, Task
-from durable_rollouts.sdk import gc
+from durable_rollouts.sdk import gc, gc_orphans
 from durable_rollouts.sdk.orchestrate import start_job
 from durable_rollouts.sdk.procs import pid_alive
 from durable_rollouts.sdk.providers import SubprocessRuntime
@@ -214,7 +214,7 @@ async def test_a_failed_sweep_is_a_warning_and_the_next_one_runs(client, monkeyp
             raise OSError("docker socket hiccup")
         return real()
 
-    monkeypatch.setattr(gc, "_candidates", flaky)
+    monkeypatch.setattr(gc_orphans, "_candidates", flaky)  # where find_orphans looks it up
     caplog.set_level(logging.INFO, logger=gc.__name__)
     task = asyncio.ensure_future(gc.sweep(client, 0.3, first_delay_s=0))
     try:

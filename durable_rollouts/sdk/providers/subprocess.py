@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import fcntl
-import json
 import os
 import shutil
 import signal
@@ -26,8 +25,8 @@ from typing import Any, ClassVar
 from ...errors import ConfigError, ProviderError, ReadyTimeoutError
 from ...models import Endpoint, ProviderSpec, Task
 from ...protocol import SERVE_PORT_ANNOUNCEMENT
-from ..procs import pid_alive
 from ..paths import rollouts_home, safe_name
+from ..procs import pid_alive, read_state, write_state
 from .base import DurableProvider, Locality, log_tail
 
 __all__ = ["SubprocessRuntime", "substrate_dir"]
@@ -89,7 +88,7 @@ class SubprocessRuntime(DurableProvider):
         directory = substrate_dir(key)
         directory.mkdir(parents=True, exist_ok=True)
         async with _locked(directory / "lock"):
-            state = _read_state(directory)
+            state = read_state(directory)
             if state and state.get("port") and _alive(int(state["pid"]), state.get("birth")):
                 return self._endpoint(task, key, state)
             if state:  # a dead or half-started substrate: make sure it is gone, then replace it
@@ -103,7 +102,7 @@ class SubprocessRuntime(DurableProvider):
             return
         directory.mkdir(parents=True, exist_ok=True)
         async with _locked(directory / "lock"):
-            state = _read_state(directory) or {}
+            state = read_state(directory) or {}
             for source in (state, endpoint.handle):
                 if source.get("pid"):
                     pid = int(source["pid"])
@@ -134,7 +133,7 @@ class SubprocessRuntime(DurableProvider):
         _CHILDREN[proc.pid] = proc
         # Recorded before it is ready, so a release by key finds even a half-started server.
         birth = _birth(proc.pid)
-        _write_state(directory, {"pid": proc.pid, "pgid": proc.pid, "port": None, "log": str(log),
+        write_state(directory, {"pid": proc.pid, "pgid": proc.pid, "port": None, "log": str(log),
                                  "birth": birth})
         limits = task.runtime_config.limits if task.runtime_config is not None else None
         timeout = limits.startup_timeout_s if limits and limits.startup_timeout_s else self.ready_timeout
@@ -147,7 +146,7 @@ class SubprocessRuntime(DurableProvider):
             raise
         state = {"pid": proc.pid, "pgid": proc.pid, "port": port, "log": str(log), "birth": birth,
                  "source": source, "started_at": time.time()}
-        _write_state(directory, state)
+        write_state(directory, state)
         return state
 
 
@@ -188,20 +187,6 @@ def _announced_port(log: Path) -> int | None:
             if value.isdigit():
                 return int(value)
     return None
-
-
-def _read_state(directory: Path) -> dict[str, Any] | None:
-    try:
-        data = json.loads((directory / "state.json").read_text())
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) and "pid" in data else None
-
-
-def _write_state(directory: Path, state: dict[str, Any]) -> None:
-    tmp = directory / f".state.{os.getpid()}.tmp"
-    tmp.write_text(json.dumps(state))
-    os.replace(tmp, directory / "state.json")
 
 
 def _running(pid: int) -> bool:
