@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import json
+import subprocess
+import time
 from typing import Any
 
 from durable_rollouts.envserver import Environment
+from durable_rollouts.protocol import SERVE_PORT_ANNOUNCEMENT
 
 
 class RawConn:
@@ -99,3 +102,16 @@ def make_env(log: list[str] | None = None) -> Environment:
         yield 1
 
     return env
+
+
+def read_port(proc: subprocess.Popen[str], timeout: float = 15.0) -> int:
+    """The port a served env process announces on stdout (fails with its stderr)."""
+    assert proc.stdout is not None
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if line.startswith(SERVE_PORT_ANNOUNCEMENT):
+            return int(line[len(SERVE_PORT_ANNOUNCEMENT):])
+        if not line and proc.poll() is not None:
+            break
+    raise AssertionError(f"no port announced; stderr: {proc.stderr.read() if proc.stderr else ''}")

@@ -6,12 +6,17 @@ import dataclasses
 from pathlib import Path
 
 import pytest
+from envserver_helpers import make_env
 from pydantic import BaseModel
 
-from durable_rollouts.envserver import Answer, Capability, Environment, load_environment, normalize_grade
+from durable_rollouts.envserver import (
+    Answer,
+    Capability,
+    Environment,
+    load_environment,
+    normalize_grade,
+)
 from durable_rollouts.errors import ConfigError, EnvError, TaskNotFoundError
-
-from envserver_helpers import make_env
 
 
 def test_template_rejects_plain_coroutines_and_duplicate_ids() -> None:

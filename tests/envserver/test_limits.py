@@ -7,17 +7,17 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import pytest
-from envserver_helpers import RawConn, make_env
+from envserver_helpers import RawConn, make_env, read_port
 
 from durable_rollouts.activities.failures import map_errors
 from durable_rollouts.envserver import EnvServer, serving
 from durable_rollouts.envserver.server import DEFAULT_MAX_CONNECTIONS, DEFAULT_MAX_TASKS
 from durable_rollouts.errors import ConfigError, ProtocolError, ServerBusyError
-from durable_rollouts.protocol import SERVE_PORT_ANNOUNCEMENT, ErrorCode, error_from_frame
+from durable_rollouts.protocol import ErrorCode, error_from_frame
 from durable_rollouts.sdk.client import connect
 
 BUSY = -32002
@@ -205,34 +205,9 @@ async def test_the_client_raises_the_retryable_server_busy_error_for_both_limits
 # -- flags reach the server ------------------------------------------------------------------------
 
 
-@pytest.fixture
-def procs() -> Iterator[list[subprocess.Popen[str]]]:
-    started: list[subprocess.Popen[str]] = []
-    yield started
-    for proc in started:
-        if proc.poll() is None:
-            proc.kill()
-        proc.wait(timeout=10)
-        for stream in (proc.stdout, proc.stderr):
-            if stream is not None:
-                stream.close()
-
-
 def _spawn(argv: list[str]) -> subprocess.Popen[str]:
     env = {k: v for k, v in os.environ.items() if k != "ROLLOUTS_ENV_TOKEN"}
     return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-
-
-def _read_port(proc: subprocess.Popen[str], timeout: float = 15.0) -> int:
-    assert proc.stdout is not None
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        line = proc.stdout.readline()
-        if line.startswith(SERVE_PORT_ANNOUNCEMENT):
-            return int(line[len(SERVE_PORT_ANNOUNCEMENT):])
-        if not line and proc.poll() is not None:
-            break
-    raise AssertionError(f"no port announced; stderr: {proc.stderr.read() if proc.stderr else ''}")
 
 
 _MODULE = [sys.executable, "-m", "durable_rollouts.envserver"]
@@ -247,7 +222,7 @@ async def test_max_connections_and_max_tasks_flags_reach_the_server(
     env_file.write_text(LIMITS_ENV)
     proc = _spawn([*command, str(env_file), "--max-connections", "2", "--max-tasks", "1"])
     procs.append(proc)
-    port = _read_port(proc)
+    port = read_port(proc)
     a, b = await _served(port), await _served(port)
     await a.result("tasks.start", {"id": "t"})
     reply = await b.call("tasks.start", {"id": "t"})

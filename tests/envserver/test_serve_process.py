@@ -7,11 +7,9 @@ import os
 import signal
 import subprocess
 import sys
-import time
-from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
+from envserver_helpers import read_port
 
 from durable_rollouts.protocol import SERVE_PORT_ANNOUNCEMENT
 from durable_rollouts.sdk.client import connect
@@ -52,35 +50,10 @@ def _spawn(*args: str, env: dict[str, str] | None = None) -> subprocess.Popen[st
     )
 
 
-def _read_port(proc: subprocess.Popen[str], timeout: float = 10.0) -> int:
-    assert proc.stdout is not None
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        line = proc.stdout.readline()
-        if line.startswith(SERVE_PORT_ANNOUNCEMENT):
-            return int(line[len(SERVE_PORT_ANNOUNCEMENT):])
-        if not line and proc.poll() is not None:
-            break
-    raise AssertionError(f"no port announced; stderr: {proc.stderr.read() if proc.stderr else ''}")
-
-
-@pytest.fixture
-def procs() -> Iterator[list[subprocess.Popen[str]]]:
-    started: list[subprocess.Popen[str]] = []
-    yield started
-    for proc in started:
-        if proc.poll() is None:
-            proc.kill()
-        proc.wait(timeout=10)
-        for stream in (proc.stdout, proc.stderr):
-            if stream is not None:
-                stream.close()
-
-
 async def test_the_letters_example_serves_and_announces_its_port(procs: list[subprocess.Popen[str]]) -> None:
     proc = _spawn(str(LETTERS))
     procs.append(proc)
-    port = _read_port(proc)
+    port = read_port(proc)
     async with await connect(f"tcp://127.0.0.1:{port}", ready_timeout=5) as client:
         assert client.env is not None and client.env.name == "letters"
         assert await client.start_task("count_letter", {"word": "banana", "letter": "a"})
@@ -94,7 +67,7 @@ async def test_sigterm_tears_down_tasks_and_runs_the_shutdown_hook(
     env_file.write_text(HOOKED_ENV.format(out=str(tmp_path)))
     proc = _spawn(str(env_file))
     procs.append(proc)
-    port = _read_port(proc)
+    port = read_port(proc)
     assert (tmp_path / "initialized").exists()  # hooks ran before the announcement
     client = await connect(f"tcp://127.0.0.1:{port}", ready_timeout=5)
     await client.start_task("t")
@@ -111,7 +84,7 @@ async def test_sigint_also_stops_cleanly(tmp_path: Path, procs: list[subprocess.
     env_file.write_text(HOOKED_ENV.format(out=str(tmp_path)))
     proc = _spawn(str(env_file))
     procs.append(proc)
-    _read_port(proc)
+    read_port(proc)
     proc.send_signal(signal.SIGINT)
     assert await asyncio.to_thread(proc.wait, 10) == 0
     assert (tmp_path / "shutdown").exists()

@@ -7,12 +7,11 @@ import json
 from typing import Any
 
 import pytest
+from envserver_helpers import make_env
 
-from durable_rollouts.envserver import EnvServer, Environment, serving
+from durable_rollouts.envserver import Environment, EnvServer, serving
 from durable_rollouts.envserver.sessions import Session, SessionState
 from durable_rollouts.errors import ConfigError, InvalidStateError
-
-from envserver_helpers import make_env
 
 
 async def test_hello_returns_session_env_bindings_and_protocol(raw: Any) -> None:

@@ -9,7 +9,7 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from durable_rollouts.envserver import Capability, EnvServer, Environment, serving
+from durable_rollouts.envserver import Capability, Environment, EnvServer, serving
 from durable_rollouts.errors import ConfigError
 from durable_rollouts.sdk.client import connect
 
