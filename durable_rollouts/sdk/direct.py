@@ -47,7 +47,7 @@ _IN_PROCESS = AgentSpec(path="in-process")  # the direct path hands the agent ob
 _BEFORE_LAUNCH = {"resolving", "provisioning", "connecting", "starting task"}
 
 
-async def run_direct(taskset: Taskset, agent: Agent, runtime: DurableProvider, group: int = 1,
+async def run_direct(taskset: Taskset, agent: Agent, runtime: DurableProvider, group: int | None = None,
                      max_concurrent: int = 16, rollout_timeout: float | None = None, *,
                      job: Job | None = None, trace_store: TraceStore | None = None) -> Job:
     """Run every row ``group`` times, at most ``max_concurrent`` at once, and return the Job.
@@ -62,6 +62,7 @@ async def run_direct(taskset: Taskset, agent: Agent, runtime: DurableProvider, g
         raise ConfigError(f"runtime must be a provider such as LocalRuntime(...), not {type(runtime).__name__}")
     if not isinstance(agent, Agent):
         raise ConfigError(f"agent must be a durable_rollouts Agent, not {type(agent).__name__}")
+    group = Job.batch_group(group, job)
     validate_batch(taskset, runtime=runtime, group=group, max_concurrent=max_concurrent,
                    rollout_timeout=rollout_timeout, agent_timeout=agent.timeout_s)
     job = job if job is not None else Job(name=taskset.name, group=group, taskset=taskset.name)

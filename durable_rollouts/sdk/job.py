@@ -45,7 +45,7 @@ class Job:
     Args:
         id: the job id (a uuid hex by default).
         name: a human name (the taskset's name by default).
-        group: how many rollouts each task gets.
+        group: how many rollouts each task gets (the default of batches appended to this job).
         runs: runs in expansion order (task-major).
     """
 
@@ -64,8 +64,16 @@ class Job:
 
     @classmethod
     async def start(cls, name: str, *, group: int = 1, id: str | None = None) -> Job:
-        """Open a job that several ``Taskset.run(..., job=job)`` calls append to."""
+        """Open a job that several ``Taskset.run(..., job=job)`` calls append to; each batch
+        runs every row ``group`` times unless that call passes its own ``group``."""
         return cls(id=id, name=name, group=group)
+
+    @staticmethod
+    def batch_group(group: int | None, job: Job | None) -> int:
+        """The group size of one batch: the call's own, else the open job's, else 1."""
+        if group is not None:
+            return group
+        return job.group if job is not None else 1
 
     @classmethod
     def from_results(cls, id: str, name: str, results: Iterable[RolloutResult],

@@ -154,7 +154,7 @@ def runs_from_result(result: TasksetRunResult, job_id: str, rows: list[Task] | N
     return runs
 
 
-async def start_job(taskset: Any, agent: Any, *, runtime: Any, group: int = 1, max_concurrent: int = 16,
+async def start_job(taskset: Any, agent: Any, *, runtime: Any, group: int | None = None, max_concurrent: int = 16,
                     job: Job | None = None, rollout_timeout: float | None = None, temporal: Any = None,
                     name: str | None = None, task_queue: str | None = None, worker: bool | None = None,
                     max_attempts: int = 3, trace_store: TraceStore | None = None,
@@ -168,6 +168,7 @@ async def start_job(taskset: Any, agent: Any, *, runtime: Any, group: int = 1, m
     from durable_rollouts.activities.taskset import register_taskset, taskset_class_path
 
     rows = list(taskset)
+    group = Job.batch_group(group, job)
     validate_batch(rows, runtime=runtime, group=group, max_concurrent=max_concurrent,
                    rollout_timeout=rollout_timeout, agent_timeout=getattr(agent, "timeout_s", None))
     if not rows:
@@ -221,7 +222,7 @@ async def start_job(taskset: Any, agent: Any, *, runtime: Any, group: int = 1, m
     return JobHandle(job=job, batch_index=batch_index, handle=handle, rows=rows, trace_store=trace_store)
 
 
-async def run_taskset(taskset: Any, agent: Any, *, runtime: Any, group: int = 1, max_concurrent: int = 16,
+async def run_taskset(taskset: Any, agent: Any, *, runtime: Any, group: int | None = None, max_concurrent: int = 16,
                       job: Job | None = None, rollout_timeout: float | None = None, temporal: Any = None,
                       name: str | None = None, wait: bool = True, **kwargs: Any) -> Any:
     """Run every row ``group`` times durably; returns the Job (or a JobHandle if ``wait=False``).

@@ -163,10 +163,13 @@ class Taskset:
 
     # -- running --------------------------------------------------------------------------
 
-    async def run(self, agent: Agent, *, runtime: Any, group: int = 1, max_concurrent: int = 16,
+    async def run(self, agent: Agent, *, runtime: Any, group: int | None = None, max_concurrent: int = 16,
                   job: Job | None = None, rollout_timeout: float | None = None,
                   temporal: Any = None, **kwargs: Any) -> Job:
-        """Run every row ``group`` times with ``agent`` on ``runtime``, durably, and return the Job."""
+        """Run every row ``group`` times with ``agent`` on ``runtime``, durably, and return the Job.
+
+        ``group`` defaults to ``job.group`` when appending to an open job (``Job.start``), else 1.
+        """
         from .orchestrate import run_taskset  # lazy: keeps Temporal out of plain imports
 
         return await run_taskset(  # type: ignore[no-any-return]

@@ -185,6 +185,19 @@ async def test_open_job_accumulates_batches_like_a_training_loop(letters_path: P
     assert {r.job_id for r in session.runs} == {session.id}
 
 
+async def test_an_open_jobs_group_is_the_default_of_its_batches(letters_path: Path) -> None:
+    """``Job.start(group=3)`` sets the group of every appended batch; a call's own group wins."""
+    ts = letters().filter(ids=["count_letter"])
+    session = await Job.start("grpo", group=3)
+    runtime = LocalRuntime(letters_path)
+    await run_direct(ts, FixedAgent(answer="3"), runtime, job=session)
+    assert len(session.runs) == 3 * len(ts) and len({r.group_id for r in session.runs}) == len(ts)
+    await run_direct(ts, FixedAgent(answer="3"), runtime, group=1, job=session)
+    assert len(session.runs) == 4 * len(ts)
+    alone = await run_direct(ts, FixedAgent(answer="3"), runtime)
+    assert len(alone.runs) == len(ts)  # no job: one rollout per row
+
+
 async def test_max_concurrent_caps_live_rollouts(letters_path: Path) -> None:
     live = 0
     peak = 0
