@@ -28,7 +28,6 @@ from ..errors import (
     ProtocolError,
     ReadyTimeoutError,
 )
-from ..streams import pipe
 from ..protocol import (
     PROTOCOL_VERSION,
     EnvInfo,
@@ -40,6 +39,7 @@ from ..protocol import (
     error_from_frame,
     request_frame,
 )
+from ..streams import pipe
 
 __all__ = ["EnvClient", "connect", "parse_url"]
 

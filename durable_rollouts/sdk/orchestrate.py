@@ -32,7 +32,12 @@ from durable_rollouts.sdk.temporal import connect_client, ensure_search_attribut
 from durable_rollouts.sdk.tracestore import TraceStore
 from durable_rollouts.sdk.validation import validate_batch
 from durable_rollouts.workflows import TasksetRun, workflow_id
-from durable_rollouts.workflows.types import DEFAULT_TASK_QUEUE, Progress, TasksetRunInput, TasksetRunResult
+from durable_rollouts.workflows.types import (
+    DEFAULT_TASK_QUEUE,
+    Progress,
+    TasksetRunInput,
+    TasksetRunResult,
+)
 
 __all__ = ["JobHandle", "get_job", "job_progress", "run_taskset", "shutdown_embedded", "start_job"]
 

@@ -48,11 +48,10 @@ from ..models import (
 )
 from ..protocol import ErrorCode
 from .agents import Agent, load_agent
-from .client import EnvClient
+from .client import EnvClient, parse_url
 from .client import connect as _open
-from .client import parse_url
-from .providers import DurableProvider, provider_from_spec
 from .paths import rollouts_home, safe_name
+from .providers import DurableProvider, provider_from_spec
 from .run import Run
 from .tokens import endpoint_token, token_rejected, uses_derived_token
 from .tracestore import TraceStore

@@ -160,8 +160,9 @@ class DockerRuntime(DurableProvider):
     def _docker_locked(self) -> Any:
         if self._client is None:
             try:
-                import docker
                 from docker.errors import DockerException
+
+                import docker
             except ImportError as exc:  # pragma: no cover - docker is a dependency
                 raise ConfigError("DockerRuntime needs the 'docker' package") from exc
             try:
