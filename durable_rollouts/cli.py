@@ -79,10 +79,10 @@ def serve(
     host: Annotated[str, typer.Option(help="address to bind (non-loopback needs ROLLOUTS_ENV_TOKEN)")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="port to bind (0 = any free port)")] = 0,
     max_connections: Annotated[
-        int | None, typer.Option(help="connections served at once; more are refused as busy (default 256)")
+        int | None, typer.Option(help="connections served at once; more are refused as busy (default 4096)")
     ] = None,
     max_tasks: Annotated[
-        int | None, typer.Option(help="tasks in progress at once, parked ones included (default 64)")
+        int | None, typer.Option(help="tasks in progress at once, parked ones included (default 2048)")
     ] = None,
 ) -> None:
     """Serve an environment on one TCP port until Ctrl-C / SIGTERM."""

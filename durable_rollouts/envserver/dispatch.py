@@ -40,8 +40,12 @@ __all__ = ["DEFAULT_MAX_TASKS", "Connection", "Dispatcher"]
 
 log = logging.getLogger(__name__)
 
-DEFAULT_MAX_TASKS = 64
-"""Tasks in progress (started, not yet graded or ended) at once, counting parked sessions."""
+DEFAULT_MAX_TASKS = 2048
+"""Tasks in progress (started, not yet graded or ended) at once, counting parked sessions.
+
+A guard against runaway clients, not a throttle: above the 1,500 rollouts one batch keeps in
+flight, so a server shared by a whole batch (LocalRuntime, a borrowed ``tcp://`` server) never
+refuses its rollouts."""
 
 
 class _NoParams(BaseModel):

@@ -36,8 +36,9 @@ from .tunnel import serve_tunnel
 
 __all__ = ["DEFAULT_MAX_CONNECTIONS", "DEFAULT_MAX_TASKS", "EnvServer", "is_loopback", "serve", "serving"]
 
-DEFAULT_MAX_CONNECTIONS = 256
-"""Connections (control and tunnel) served at once."""
+DEFAULT_MAX_CONNECTIONS = 4096
+"""Connections (control and tunnel) served at once: room for two per rollout of a full batch
+(1,500 in flight), so a shared server is never the throttle. Needs ``ulimit -n`` above it."""
 
 REFUSE_LINGER_S = 1.0
 """How long a refused connection may take to send its EOF after the busy frame."""

@@ -69,7 +69,7 @@ class SessionTable:
             the table for a whole TTL. Sessions holding a task (or a grade) are never evicted.
     """
 
-    def __init__(self, park_ttl_s: float = 3600.0, max_idle_parked: int = 1024) -> None:
+    def __init__(self, park_ttl_s: float = 3600.0, max_idle_parked: int = 4096) -> None:
         self.park_ttl_s = park_ttl_s
         self.max_idle_parked = max_idle_parked
         self._sessions: dict[str, Session] = {}

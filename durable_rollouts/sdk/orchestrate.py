@@ -34,6 +34,7 @@ from durable_rollouts.sdk.validation import validate_batch
 from durable_rollouts.workflows import TasksetRun, workflow_id
 from durable_rollouts.workflows.types import (
     DEFAULT_TASK_QUEUE,
+    MAX_CONCURRENT,
     Progress,
     TasksetRunInput,
     TasksetRunResult,
@@ -203,7 +204,7 @@ async def start_job(taskset: Any, agent: Any, *, runtime: Any, group: int | None
         job_id=job.id, job_name=name, batch_index=batch_index, taskset_name=taskset.name,
         taskset_class=taskset_class_path(taskset), rows=[] if rows_ref else rows,
         rows_ref=rows_ref, total_rows=len(rows), group=group,
-        max_concurrent=min(max_concurrent, 1500), agent=agent_spec, provider=provider_spec,
+        max_concurrent=min(max_concurrent, MAX_CONCURRENT), agent=agent_spec, provider=provider_spec,
         rollout_timeout_s=rollout_timeout, max_attempts=max_attempts, task_queue=queue,
         search_attributes=attrs_ok,
         local_steps=getattr(runtime, "locality", "global") in ("process", "host"),

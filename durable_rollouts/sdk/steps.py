@@ -19,7 +19,7 @@ import os
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from ..errors import (
     ConfigError,
@@ -154,10 +154,11 @@ async def _resume(endpoint: Endpoint, session: Session, ready_timeout: float | N
     )
 
 
-def _start_error(exc: ProtocolError, task: Task) -> Exception:
+def _raise_start_error(exc: ProtocolError, task: Task) -> NoReturn:
+    """Re-raise a refused ``tasks.start``: bad arguments are a ConfigError (final), the rest as is."""
     if exc.code == ErrorCode.INVALID_PARAMS:
-        return ConfigError(f"task {task.id!r} of env {task.env!r} was rejected: {exc.message}")
-    return exc
+        raise ConfigError(f"task {task.id!r} of env {task.env!r} was rejected: {exc.message}") from exc
+    raise exc
 
 
 # ---------------------------------------------------------------------------------------------
@@ -185,7 +186,7 @@ async def start(inp: StartInput) -> dict[str, Any]:
     try:
         return await client.start_task(inp.task.id, dict(inp.task.args))
     except ProtocolError as exc:
-        raise _start_error(exc, inp.task) from exc
+        _raise_start_error(exc, inp.task)
     finally:
         await client.close()
 
@@ -376,7 +377,7 @@ async def _grade_verifier(client: EnvClient, verifier: Task, actor_raw: dict[str
         try:
             await client.start_task(verifier.id, dict(verifier.args))
         except ProtocolError as exc:
-            raise _start_error(exc, verifier) from exc
+            _raise_start_error(exc, verifier)
         try:
             frame = await client.grade(actor_raw)
         except ProtocolError as exc:

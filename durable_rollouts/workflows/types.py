@@ -28,6 +28,7 @@ __all__ = [
     "ACT_TEARDOWN",
     "ACT_VERIFY",
     "DEFAULT_TASK_QUEUE",
+    "MAX_CONCURRENT",
     "LoadRowsInput",
     "Progress",
     "ResolveGroupInput",
@@ -40,6 +41,8 @@ __all__ = [
 ]
 
 DEFAULT_TASK_QUEUE = "rollouts"
+MAX_CONCURRENT = 1500
+"""The most rollouts one batch keeps in flight (TasksetRun children)."""
 
 # Activity names (the activities register under exactly these).
 ACT_RESOLVE = "rollouts.resolve_group"
@@ -123,7 +126,7 @@ class TasksetRunInput(_Model):
     # Resume: run only these (row_index, group_index) slots, sorted (stable rollout ids keep).
     only: list[tuple[int, int]] | None = None
     group: int = Field(default=1, ge=1)
-    max_concurrent: int = Field(default=16, ge=1, le=1500)
+    max_concurrent: int = Field(default=16, ge=1, le=MAX_CONCURRENT)
     agent: AgentSpec
     provider: ProviderSpec
     rollout_timeout_s: float | None = None

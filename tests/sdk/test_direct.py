@@ -198,6 +198,16 @@ async def test_an_open_jobs_group_is_the_default_of_its_batches(letters_path: Pa
     assert len(alone.runs) == len(ts)  # no job: one rollout per row
 
 
+async def test_a_shared_local_server_takes_a_wide_batch_without_refusals(letters_path: Path) -> None:
+    """200 rollouts in flight on one LocalRuntime env server: none is refused as busy."""
+    ts = Taskset("wide", [Task(env="letters", id="count_letter", args={"word": f"w{i}r", "letter": "r"},
+                               source=str(letters_path)) for i in range(200)])
+    job = await run_direct(ts, SleepAgent(seconds=1.0, answer="1"), LocalRuntime(letters_path),
+                           max_concurrent=200)
+    assert [r.status for r in job.runs] == ["succeeded"] * 200, {r.error for r in job.runs}
+    assert [r.reward for r in job.runs] == [1.0] * 200
+
+
 async def test_max_concurrent_caps_live_rollouts(letters_path: Path) -> None:
     live = 0
     peak = 0

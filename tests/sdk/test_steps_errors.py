@@ -9,7 +9,12 @@ from pathlib import Path
 import pytest
 
 from durable_rollouts.envserver import Environment, serving
-from durable_rollouts.errors import ConfigError, SubstrateGoneError
+from durable_rollouts.errors import (
+    ConfigError,
+    RemoteTaskError,
+    ServerBusyError,
+    SubstrateGoneError,
+)
 from durable_rollouts.models import (
     AgentInput,
     AgentSpec,
@@ -36,6 +41,12 @@ async def no_score():
 async def needs_int(n: int):
     yield f"n={n}"
     yield 1.0
+
+
+@env.template()
+async def broken_setup():
+    raise RuntimeError("setup exploded")
+    yield "never"  # an async generator that fails before its prompt
 
 
 def _free_port() -> int:
@@ -72,6 +83,29 @@ async def test_bad_task_and_bad_args_are_config_errors() -> None:
         with pytest.raises(ConfigError):
             await steps.start(StartInput(endpoint=endpoint, session=session, task=bad))
         await steps.teardown(TeardownInput(endpoint=endpoint, session=session))
+
+
+async def test_refused_starts_keep_their_own_error_with_a_serialisable_cause_chain() -> None:
+    """A start the env refuses for a reason other than bad arguments (busy, task raised) is
+    re-raised as is: never as its own cause, which sent Temporal's failure converter into an
+    endless recursion instead of reporting the failure."""
+    async with serving(env, max_tasks=1) as server:
+        endpoint = await Runtime(server.url).acquire(Task(env="steps", id="no_score"), "k")
+        first = await steps.connect(ConnectInput(endpoint=endpoint))
+        await steps.start(StartInput(endpoint=endpoint, session=first, task=Task(env="steps", id="no_score")))
+        second = await steps.connect(ConnectInput(endpoint=endpoint))
+        cases = [(second, Task(env="steps", id="no_score"), ServerBusyError),
+                 (first, Task(env="steps", id="broken_setup"), RemoteTaskError)]
+        for session, task, kind in cases:
+            with pytest.raises(kind) as caught:
+                await steps.start(StartInput(endpoint=endpoint, session=session, task=task))
+            seen, err = set(), caught.value
+            while err is not None:  # the chain ends: what Temporal walks to build the failure
+                assert id(err) not in seen, f"{type(err).__name__} is its own cause"
+                seen.add(id(err))
+                err = err.__cause__
+        await steps.teardown(TeardownInput(endpoint=endpoint, session=first))
+        await steps.teardown(TeardownInput(endpoint=endpoint, session=second))
 
 
 async def test_grade_frame_without_numeric_score_becomes_an_error_grade() -> None:
