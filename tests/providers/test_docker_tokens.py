@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from history_scan import job_histories
 from substrates_support import (
     ENV_IMAGE_DIR,
     KEY_LABEL,
@@ -32,7 +33,6 @@ from durable_rollouts.sdk.orchestrate import start_job
 from durable_rollouts.sdk.providers.docker import DockerRuntime
 from durable_rollouts.sdk.taskset import Taskset
 from durable_rollouts.sdk.tokens import SECRET_ENV_VAR, secret_path, substrate_token
-from durable_rollouts.workflows import workflow_id
 
 pytestmark = pytest.mark.docker
 
@@ -43,15 +43,6 @@ def _container_token(container: Any) -> str:
     env = dict(e.split("=", 1) for e in container.attrs["Config"]["Env"] if "=" in e)
     return env["ROLLOUTS_ENV_TOKEN"]
 
-
-async def _histories(temporal: Any, job: Any) -> bytes:
-    """Raw protobuf bytes of every event of every workflow of ``job`` (payload data unencoded)."""
-    ids = [workflow_id(job.id)] + [run.rollout_id for run in job.runs]
-    raw = b""
-    for wid in ids:
-        history = await temporal.get_workflow_handle(wid).fetch_history()
-        raw += b"".join(event.SerializeToString() for event in history.events)
-    return raw
 
 
 async def test_a_docker_rollouts_workflow_history_holds_no_substrate_token_or_secret(
@@ -76,7 +67,7 @@ async def test_a_docker_rollouts_workflow_history_holds_no_substrate_token_or_se
     [run] = job.runs
     assert (run.status, run.reward) == ("succeeded", 1.0), run.error
 
-    raw = await _histories(client, job)
+    raw = await job_histories(client, job)
     assert key.encode() in raw and b'"token_from":"key"' in raw  # the scan sees the Endpoint
     assert token.encode() not in raw
     assert secret_path().read_bytes() not in raw

@@ -21,12 +21,13 @@ import os
 import subprocess
 import sys
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import pytest
+from history_scan import job_histories
 from security_helpers import make_env
 
 from durable_rollouts.codec import KEY_ENV_VAR
@@ -37,8 +38,13 @@ from durable_rollouts.sdk.orchestrate import run_taskset, shutdown_embedded
 from durable_rollouts.sdk.paths import rollouts_home
 from durable_rollouts.sdk.providers import Runtime
 from durable_rollouts.sdk.taskset import Taskset
-from durable_rollouts.sdk.temporal import _free_port, _listening, _wait_ready, connect_client, dev_server_args
-from durable_rollouts.workflows import workflow_id
+from durable_rollouts.sdk.temporal import (
+    _free_port,
+    _listening,
+    _wait_ready,
+    connect_client,
+    dev_server_args,
+)
 
 API_KEY = "sk-test-SECRET123"
 ENV_TOKEN = "env-token-SECRET456"
@@ -102,15 +108,6 @@ class FakeModel:
         writer.close()
 
 
-async def _histories(client: Any, job: Any) -> bytes:
-    """Raw protobuf bytes of every event of every workflow of ``job`` (payload data unencoded)."""
-    ids = [workflow_id(job.id)] + [run.rollout_id for run in job.runs]
-    raw = b""
-    for wid in ids:
-        history = await client.get_workflow_handle(wid).fetch_history()
-        raw += b"".join(event.SerializeToString() for event in history.events)
-    return raw
-
 
 def _files_under(root: Path) -> bytes:
     return b"".join(p.read_bytes() for p in root.rglob("*") if p.is_file())
@@ -143,7 +140,7 @@ async def test_an_api_key_from_the_worker_env_never_reaches_history_exports_file
         assert model.authorizations == [f"Bearer {API_KEY}"] * 2  # the worker did use the key
 
         secret = API_KEY.encode()
-        assert secret not in await _histories(client, job)
+        assert secret not in await job_histories(client, job)
         assert secret not in job.to_jsonl(tmp_path / "sdk.jsonl").read_bytes()
         export = subprocess.run(
             [sys.executable, "-m", "durable_rollouts.cli", "export", job.id, "-o", str(tmp_path / "cli.jsonl"),
@@ -172,14 +169,14 @@ async def test_with_a_payload_key_histories_hold_no_plaintext_and_the_batch_comp
         monkeypatch.delenv(KEY_ENV_VAR, raising=False)
         client, job = await _run_batch(temporal_address, [{"word": marker}], agent, token=ENV_TOKEN)
         assert [r.reward for r in job.runs] == [1.0]
-        plain = await _histories(client, job)
+        plain = await job_histories(client, job)
         assert marker.encode() in plain and ENV_TOKEN.encode() in plain  # the scan sees plaintext
         await shutdown_embedded()
 
         monkeypatch.setenv(KEY_ENV_VAR, base64.b64encode(os.urandom(32)).decode())
         client, job = await _run_batch(temporal_address, [{"word": marker}], agent, token=ENV_TOKEN)
         assert [r.status for r in job.runs] == ["succeeded"] and [r.reward for r in job.runs] == [1.0]
-        sealed = await _histories(client, job)
+        sealed = await job_histories(client, job)
         assert b"binary/encrypted" in sealed
         assert marker.encode() not in sealed and ENV_TOKEN.encode() not in sealed
     finally:
