@@ -10,9 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import signal
-import socket
-import subprocess
 import sys
 import time
 import uuid
@@ -20,6 +17,7 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
+from substrates_support import ENV_IMAGE_DIR, KEY_LABEL, MarkingSleepAgent
 
 from durable_rollouts.envserver import load_environment
 from durable_rollouts.sdk.agents import FixedAgent
@@ -27,19 +25,17 @@ from durable_rollouts.sdk.gc import collect, find_orphans
 from durable_rollouts.sdk.orchestrate import shutdown_embedded, start_job
 from durable_rollouts.sdk.providers.docker import DockerRuntime
 from durable_rollouts.sdk.taskset import Taskset
-from durable_rollouts.sdk.temporal import connect_client, dev_server_args
+from durable_rollouts.sdk.temporal import connect_client
 
-from substrates_support import ENV_IMAGE_DIR, KEY_LABEL, MarkingSleepAgent
+HERE = Path(__file__).resolve().parent
+TEMPORAL_TESTS = HERE.parent / "temporal"
+sys.path.insert(0, str(TEMPORAL_TESTS))
+
+from temporal_helpers import DevServer, WorkerProcess  # noqa: E402
 
 pytestmark = pytest.mark.docker
 
 ENV = load_environment(str(ENV_IMAGE_DIR / "env.py"))
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _wait(predicate, timeout: float, what: str) -> None:  # type: ignore[no-untyped-def]
@@ -53,36 +49,10 @@ def _wait(predicate, timeout: float, what: str) -> None:  # type: ignore[no-unty
 
 @pytest.fixture(scope="module")
 def temporal_address(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    port = _free_port()
-    db = tmp_path_factory.mktemp("temporal") / "temporal.db"
-    with open(db.with_suffix(".log"), "wb") as log:
-        proc = subprocess.Popen(
-            dev_server_args(port, None, db),
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-
-    def listening() -> bool:
-        with socket.socket() as sock:
-            return sock.connect_ex(("127.0.0.1", port)) == 0
-
-    try:
-        try:
-            _wait(lambda: listening() or proc.poll() is not None, 60, "the Temporal dev server")
-        except AssertionError:
-            pass
-        if not listening():
-            log_text = db.with_suffix(".log").read_text(errors="replace")[-3000:]
-            pytest.fail(f"the Temporal dev server did not start (rc {proc.poll()}):\n{log_text}")
-        yield f"127.0.0.1:{port}"
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(5)
+    server = DevServer(tmp_path_factory.mktemp("temporal") / "temporal.db")
+    server.start()
+    yield server.address
+    server.stop()
 
 
 @pytest.fixture
@@ -91,52 +61,9 @@ async def client(temporal_address: str) -> AsyncIterator[object]:
     await shutdown_embedded()
 
 
-class Worker:
-    """``python -m durable_rollouts.worker`` as a SIGKILL-able child process."""
-
-    def __init__(self, address: str, queue: str, log: Path) -> None:
-        self.log = log
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(
-            p for p in (str(Path(__file__).resolve().parent), env.get("PYTHONPATH")) if p
-        )
-        with open(log, "wb") as out:
-            self.proc = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "durable_rollouts.worker",
-                    "--temporal",
-                    address,
-                    "--task-queue",
-                    queue,
-                    "--process-queue",
-                    queue,
-                ],
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                env=env,
-                start_new_session=True,
-            )
-        _wait(
-            lambda: "ROLLOUTS_WORKER_READY" in log.read_text() or self.proc.poll() is not None,
-            30,
-            "worker start",
-        )
-        assert self.proc.poll() is None, log.read_text()
-
-    def kill(self) -> None:
-        if self.proc.poll() is None:
-            os.kill(self.proc.pid, signal.SIGKILL)
-        self.proc.wait(10)
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                self.kill()
+def Worker(address: str, queue: str) -> WorkerProcess:  # noqa: N802 - reads like the class
+    """A worker process that can also import this directory's agents (substrates_support)."""
+    return WorkerProcess(address, queue, env={"PYTHONPATH": os.pathsep.join([str(HERE), str(TEMPORAL_TESTS)])})
 
 
 def _created_keys(docker_client, since: float, job_id: str) -> list[str]:  # type: ignore[no-untyped-def]
@@ -190,7 +117,7 @@ async def test_a_sigkilled_worker_mid_rollout_reuses_the_container_after_the_ret
     reconnects to the same container (one creation event for the rollout key), and succeeds."""
     queue = f"docker-kill-{uuid.uuid4().hex[:8]}"
     marker = tmp_path / "agents.log"
-    first = Worker(temporal_address, queue, tmp_path / "w1.log")
+    first = Worker(temporal_address, queue)
     second = None
     job_id = ""
     try:
@@ -207,7 +134,7 @@ async def test_a_sigkilled_worker_mid_rollout_reuses_the_container_after_the_ret
         await asyncio.to_thread(_wait, marker.exists, 60, "the agent to start")
         first.kill()  # mid-agent
         [container] = _job_containers(docker_client, job_id)
-        second = Worker(temporal_address, queue, tmp_path / "w2.log")
+        second = Worker(temporal_address, queue)
         job = await asyncio.wait_for(handle.wait(), 90)
         [run] = job.runs
         assert (run.status, run.reward) == ("succeeded", 1.0), run.error

@@ -22,7 +22,6 @@ import subprocess
 import sys
 import uuid
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -38,13 +37,10 @@ from durable_rollouts.sdk.orchestrate import run_taskset, shutdown_embedded
 from durable_rollouts.sdk.paths import rollouts_home
 from durable_rollouts.sdk.providers import Runtime
 from durable_rollouts.sdk.taskset import Taskset
-from durable_rollouts.sdk.temporal import (
-    _free_port,
-    _listening,
-    _wait_ready,
-    connect_client,
-    dev_server_args,
-)
+from durable_rollouts.sdk.temporal import connect_client
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "temporal"))
+from temporal_helpers import DevServer  # noqa: E402
 
 API_KEY = "sk-test-SECRET123"
 ENV_TOKEN = "env-token-SECRET456"
@@ -52,24 +48,10 @@ ENV_TOKEN = "env-token-SECRET456"
 
 @pytest.fixture(scope="module")
 def temporal_address(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    folder = tmp_path_factory.mktemp("temporal-sec")
-    port = _free_port()
-    with open(folder / "server.log", "wb") as log:
-        proc = subprocess.Popen(dev_server_args(port, None, folder / "t.db"), stdout=log,
-                                stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        address = f"127.0.0.1:{port}"
-        with ThreadPoolExecutor(1) as pool:
-            pool.submit(asyncio.run, _wait_ready(address, proc, 30)).result()
-        assert _listening(port)
-        yield address
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(5)
+    server = DevServer(tmp_path_factory.mktemp("temporal-sec") / "t.db")
+    server.start()
+    yield server.address
+    server.stop()
 
 
 class FakeModel:

@@ -175,15 +175,16 @@ async def probe_ready(
     token: str | None,
     timeout: float,
     *,
-    died: Callable[[], Awaitable[str | None]],
-    timed_out: Callable[[ReadyTimeoutError], Awaitable[str]],
+    died: Callable[[], Awaitable[str | None]] | None = None,
+    timed_out: Callable[[ReadyTimeoutError], Awaitable[str]] | None = None,
     poll_s: float = 0.25,
 ) -> None:
     """``hello`` a fresh substrate until it answers, failing fast if it dies meanwhile.
 
     ``token`` is the substrate's key-derived token (a rejection says how to fix the secret).
-    ``died()`` returns a message (with logs) once the substrate is gone, else None;
-    ``timed_out(exc)`` builds the message of the ``ReadyTimeoutError`` raised after ``timeout``.
+    ``died()`` returns a message (with logs) once the substrate is gone, else None (omitted: it
+    is not watched); ``timed_out(exc)`` builds the message of the ``ReadyTimeoutError`` raised
+    after ``timeout`` (omitted: the connect error as is).
     The probe's session is closed with ``bye``: the rollout opens its own.
     """
     from ..client import connect
@@ -194,12 +195,14 @@ async def probe_ready(
             done, _ = await asyncio.wait({probe}, timeout=poll_s)
             if done:
                 break
-            message = await died()
+            message = await died() if died is not None else None
             if message is not None:
                 raise ProviderError(message)
         try:
             client = probe.result()
         except ReadyTimeoutError as exc:
+            if timed_out is None:
+                raise
             raise ReadyTimeoutError(await timed_out(exc)) from exc
         except UnauthorizedError as exc:
             raise token_rejected(exc, url) from exc

@@ -33,11 +33,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
-from ...errors import ConfigError, ProviderError, UnauthorizedError
+from ...errors import ConfigError, ProviderError
 from ...models import Endpoint, ProviderSpec, Task
 from ..paths import safe_name
-from ..tokens import derived_params, substrate_token, token_rejected
-from .base import DurableProvider, Locality
+from ..tokens import derived_params, substrate_token
+from .base import DurableProvider, Locality, probe_ready
 
 __all__ = ["SSHRuntime"]
 
@@ -237,7 +237,7 @@ class SSHRuntime(DurableProvider):
         _FORWARDS[key] = _Forward(conn, listener, remote_port)
         url = f"tcp://127.0.0.1:{listener.get_port()}"
         try:
-            await _probe(url, token, startup)
+            await probe_ready(url, token, startup)
         except BaseException:
             await self.release_key(key)
             raise
@@ -376,14 +376,3 @@ def _close_forward(fwd: _Forward) -> None:
     fwd.conn.close()
 
 
-async def _probe(url: str, token: str, timeout: float) -> None:
-    from ..client import connect
-
-    try:
-        client = await connect(url, ready_timeout=timeout, token=token, keepalive_s=None)
-    except UnauthorizedError as exc:
-        raise token_rejected(exc, url) from exc
-    try:
-        await client.bye()
-    finally:
-        await client.close()
