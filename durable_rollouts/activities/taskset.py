@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import importlib
 import json
-import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +18,7 @@ from temporalio import activity
 from durable_rollouts.activities.failures import map_errors
 from durable_rollouts.errors import ConfigError
 from durable_rollouts.models import RolloutResult, Task
-from durable_rollouts.sdk.paths import rollouts_home, safe_name
+from durable_rollouts.sdk.paths import atomic_write, rollouts_home, safe_name
 from durable_rollouts.workflows.types import (
     ACT_LOAD_ROWS,
     ACT_RESOLVE,
@@ -80,11 +78,8 @@ class ResultStore:
         folder = self.root / safe_name(job_id)
         folder.mkdir(parents=True, exist_ok=True)
         path = (folder / f"b{batch_index}-c{chunk}.jsonl").resolve()
-        fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp-")
-        with os.fdopen(fd, "w") as fh:
-            for result in results:
-                fh.write(result.model_dump_json() + "\n")
-        os.replace(tmp, path)  # atomic: a retried flush rewrites the same chunk
+        # atomic: a retried flush rewrites the same chunk
+        atomic_write(path, "".join(r.model_dump_json() + "\n" for r in results).encode())
         return ResultsRef(uri=path.as_uri(), count=len(results))
 
     def put_rows(self, job_id: str, batch_index: int, rows: list[Task]) -> str:
@@ -92,11 +87,7 @@ class ResultStore:
         folder = self.root / safe_name(job_id)
         folder.mkdir(parents=True, exist_ok=True)
         path = (folder / f"rows-b{batch_index}.jsonl").resolve()
-        fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp-")
-        with os.fdopen(fd, "w") as fh:
-            for row in rows:
-                fh.write(row.model_dump_json(exclude={"slug"}) + "\n")
-        os.replace(tmp, path)
+        atomic_write(path, "".join(r.model_dump_json(exclude={"slug"}) + "\n" for r in rows).encode())
         return path.as_uri()
 
     @staticmethod

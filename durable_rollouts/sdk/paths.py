@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import os
 import re
+import tempfile
 from pathlib import Path
 
-__all__ = ["rollouts_home", "safe_name"]
+__all__ = ["atomic_write", "rollouts_home", "safe_name"]
 
 
 def rollouts_home() -> Path:
@@ -26,3 +27,16 @@ def safe_name(key: str) -> str:
     """A filesystem-safe version of ``key`` (rollout ids may carry any character)."""
     cleaned = _UNSAFE.sub("_", key).strip("._") or "_"
     return cleaned[:200]
+
+
+def atomic_write(path: Path, data: bytes) -> None:
+    """Replace ``path`` with ``data`` all at once: readers see the old or the new file, never a
+    part; a failed write (a full disk) leaves no temporary file behind."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise

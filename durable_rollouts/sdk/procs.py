@@ -8,6 +8,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+from .paths import atomic_write
+
 __all__ = ["pid_alive", "read_state", "write_state"]
 
 
@@ -38,6 +40,4 @@ def read_state(directory: Path) -> dict[str, Any] | None:
 
 def write_state(directory: Path, state: dict[str, Any]) -> None:
     """Replace ``directory/state.json`` atomically."""
-    tmp = directory / f".state.{os.getpid()}.tmp"
-    tmp.write_text(json.dumps(state))
-    os.replace(tmp, directory / "state.json")
+    atomic_write(directory / "state.json", json.dumps(state).encode())

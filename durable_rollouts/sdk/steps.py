@@ -15,7 +15,6 @@ import asyncio
 import contextlib
 import json
 import logging
-import os
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -50,7 +49,7 @@ from ..protocol import ErrorCode
 from .agents import Agent, load_agent
 from .client import EnvClient, parse_url
 from .client import connect as _open
-from .paths import rollouts_home, safe_name
+from .paths import atomic_write, rollouts_home, safe_name
 from .providers import DurableProvider, provider_from_spec
 from .run import Run
 from .tokens import endpoint_token, token_rejected, uses_derived_token
@@ -358,9 +357,7 @@ def _read_verdict(path: Path) -> tuple[Grade, bool] | None:
 def _write_verdict(path: Path, grade: Grade, *, released: bool) -> None:
     with contextlib.suppress(OSError):  # best effort: without it a crash may re-grade
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps({"grade": grade.model_dump(mode="json"), "released": released}))
-        os.replace(tmp, path)
+        atomic_write(path, json.dumps({"grade": grade.model_dump(mode="json"), "released": released}).encode())
 
 
 def forget_verdicts(key: str) -> None:

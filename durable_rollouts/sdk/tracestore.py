@@ -6,14 +6,12 @@ agent step simply replaces the file of the same trace id. Imports only models an
 
 from __future__ import annotations
 
-import os
-import tempfile
 import uuid
 from pathlib import Path
 from urllib.parse import unquote, urlparse
 
 from ..models import Trace, TraceRef
-from .paths import rollouts_home, safe_name
+from .paths import atomic_write, rollouts_home, safe_name
 
 __all__ = ["TraceStore"]
 
@@ -35,14 +33,7 @@ class TraceStore:
         self.root.mkdir(parents=True, exist_ok=True)
         path = (self.root / f"{safe_name(trace.trace_id)}.json").resolve()
         data = trace.model_dump_json().encode()
-        fd, tmp = tempfile.mkstemp(dir=self.root, prefix=".tmp-", suffix=".json")
-        try:
-            with os.fdopen(fd, "wb") as fh:
-                fh.write(data)
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        atomic_write(path, data)
         return TraceRef(uri=path.as_uri(), size=len(data))
 
     def get(self, ref: TraceRef | str) -> Trace:
