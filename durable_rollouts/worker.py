@@ -27,6 +27,7 @@ from temporalio.worker import Worker
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
 
 from durable_rollouts.activities import Queues, RolloutActivities, TasksetActivities
+from durable_rollouts.release import worker_identity
 from durable_rollouts.sdk.tracestore import TraceStore
 from durable_rollouts.workflows import Rollout, TasksetRun
 from durable_rollouts.workflows.types import DEFAULT_TASK_QUEUE
@@ -106,6 +107,8 @@ def build_worker(client: Client, *, task_queue: str = DEFAULT_TASK_QUEUE, host_q
         sandbox: run workflows in temporalio's sandbox or unsandboxed (faster); None reads
             ``ROLLOUTS_WORKFLOW_SANDBOX`` (default off: these workflows import only pure models,
             and the purity and replay tests guard them; the sandbox costs ~30% worker CPU).
+        identity: the Temporal worker identity; default ``durable-rollouts <version> (<commit>)
+            <pid>@<host>``, so a failed workflow task (e.g. non-determinism) names the release.
         gc_every_s: remove orphaned substrates every this many seconds while running, asking
             ``client`` about their workflows (``sdk.gc.sweep``); 0 = never.
     """
@@ -126,7 +129,7 @@ def build_worker(client: Client, *, task_queue: str = DEFAULT_TASK_QUEUE, host_q
         "max_heartbeat_throttle_interval": timedelta(seconds=2),
         "default_heartbeat_throttle_interval": timedelta(seconds=2),
         "graceful_shutdown_timeout": timedelta(seconds=graceful_shutdown_s),
-        "identity": identity,
+        "identity": identity or worker_identity(),  # names the release in every task it fails
     }
     workers = [Worker(
         client, task_queue=task_queue, workflows=WORKFLOWS, activities=activities,

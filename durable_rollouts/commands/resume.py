@@ -18,6 +18,7 @@ from temporalio.client import Client
 
 from ..errors import ConfigError
 from ..models import RolloutResult, Task
+from ..release import MEMO_KEY, release_name
 from ..sdk.run import Run
 from ..workflows import TasksetRun, rollout_id
 from ..workflows.types import Progress, ResultsRef
@@ -123,6 +124,6 @@ async def start_resume(client: Client, job_id: str, plan: ResumePlan) -> Any:
         id=plan.batch.workflow_id,
         task_queue=old.task_queue,
         search_attributes=attrs if attrs is not None and len(attrs) else None,
-        memo=plan.batch.memo or None,
+        memo={**(plan.batch.memo or {}), MEMO_KEY: release_name()},  # this run's starter
         static_summary=f"{old.job_name}: resume {len(only)} of {plan.total} rollouts",
     )

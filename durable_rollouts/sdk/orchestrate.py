@@ -25,6 +25,7 @@ from temporalio.service import RPCError, RPCStatusCode
 
 from durable_rollouts.errors import ConfigError
 from durable_rollouts.models import RolloutResult, Task
+from durable_rollouts.release import MEMO_KEY, release_name
 from durable_rollouts.sdk.agents import check_remote
 from durable_rollouts.sdk.job import Job
 from durable_rollouts.sdk.run import Run
@@ -222,7 +223,8 @@ async def start_job(taskset: Any, agent: Any, *, runtime: Any, group: int | None
         ])
     handle = await client.start_workflow(
         TasksetRun.run, inp, id=workflow_id(job.id, batch_index), task_queue=queue,
-        search_attributes=attrs, memo={"job_name": name, "taskset": taskset.name, "group": group},
+        search_attributes=attrs, memo={"job_name": name, "taskset": taskset.name, "group": group,
+                                          MEMO_KEY: release_name()},
         static_summary=f"{name}: {len(rows)} tasks x {group}",
     )
     return JobHandle(job=job, batch_index=batch_index, handle=handle, rows=rows, trace_store=trace_store)

@@ -79,17 +79,18 @@ class WorkerProcess:
     """``python -m durable_rollouts.worker`` as a real child process (SIGKILL-able)."""
 
     def __init__(self, address: str, task_queue: str, env: dict[str, str] | None = None,
-                 gc_every: float | None = None) -> None:
+                 gc_every: float | None = None, python: str = sys.executable,
+                 cwd: str | None = None) -> None:
         penv = dict(os.environ)
         penv["PYTHONPATH"] = os.pathsep.join([str(HERE), penv.get("PYTHONPATH", "")]).rstrip(os.pathsep)
         penv.update(env or {})
         self.log = Path(penv.get("ROLLOUTS_HOME", "/tmp")) / f"worker-{task_queue}-{time.time_ns()}.log"
         with open(self.log, "wb") as out:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "durable_rollouts.worker", "--temporal", address,
+                [python, "-m", "durable_rollouts.worker", "--temporal", address,
                  "--task-queue", task_queue, "--process-queue", task_queue,
                  *([] if gc_every is None else ["--gc-every", str(gc_every)])],
-                env=penv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+                env=penv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True, cwd=cwd,
             )
         try:
             wait_for(lambda: "ROLLOUTS_WORKER_READY" in self.log.read_text() or self.proc.poll() is not None,
