@@ -27,6 +27,8 @@ from temporalio.workflow import NondeterminismError
 
 from durable_rollouts import worker as worker_module
 from durable_rollouts.codec import data_converter
+from durable_rollouts.commands.jobs import load_job
+from durable_rollouts.commands.resume import plan_resume, start_resume
 from durable_rollouts.models import RolloutResult, Task
 from durable_rollouts.release import MEMO_KEY, release_name
 from durable_rollouts.sdk.agents import SleepAgent
@@ -111,7 +113,8 @@ async def test_a_worker_of_an_incompatible_release_fails_the_task_naming_its_rel
         client, monkeypatch, tmp_path: Path) -> None:
     """A running batch picked up by a worker whose Rollout emits other commands: the workflow
     task fails (not a silent hang) with NON_DETERMINISTIC_ERROR, a readable message and the
-    failing worker's release in its identity; the memo names the release that started it."""
+    failing worker's release in its identity; the memo names the release that started it.
+    The README's recovery works: terminate the batch, `rollouts resume` it on a good worker."""
     queue = f"nde-{tmp_path.name[-12:]}"
     task = Task(env="counting", id="echo", source=ENV_FILE, args={"expected": "x"})
     first = worker_module.build_worker(client, task_queue=queue, graceful_shutdown_s=10)
@@ -132,6 +135,8 @@ async def test_a_worker_of_an_incompatible_release_fails_the_task_naming_its_rel
             if await in_agent():
                 break
             await asyncio.sleep(0.05)
+        else:
+            raise AssertionError("the rollout never reached its agent step")
     # the agent finished during the graceful shutdown: its next workflow task awaits a worker
     monkeypatch.setattr(worker_module, "WORKFLOWS", [TasksetRun, ProbeRollout])
     changed = worker_module.build_worker(client, task_queue=queue)
@@ -152,5 +157,11 @@ async def test_a_worker_of_an_incompatible_release_fails_the_task_naming_its_rel
     finally:
         for wf in (handle.handle, child):
             with contextlib.suppress(Exception):
-                await wf.terminate("test over")
+                await wf.terminate("incompatible worker")
+    monkeypatch.undo()
+    async with worker_module.build_worker(client, task_queue=queue):
+        (plan,) = plan_resume(await load_job(client, handle.job.id), None)
+        assert [r.rollout_id for r in plan.rerun] == [rid]
+        result = await (await start_resume(client, handle.job.id, plan)).result()
+    assert [(r.status, r.reward) for r in result.results] == [("succeeded", 1.0)]
 
