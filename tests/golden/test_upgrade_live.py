@@ -114,3 +114,14 @@ async def test_a_batch_of_the_previous_release_finishes_on_the_current_worker_an
             new.stop()
     print(f"upgrade test: old release installed in {install_s:.2f}s (0 = cached), "
           f"total {time.monotonic() - t0:.1f}s")
+
+
+def test_a_clone_without_the_previous_release_fails_saying_how_to_fetch_it(tmp_path: Path) -> None:
+    """A shallow clone lacks PREVIOUS_RELEASE: the upgrade test fails with the fix, never skips."""
+    repo = old_release.repo_root()
+    shallow = tmp_path / "shallow"
+    subprocess.run(["git", "clone", "-q", "--depth", "1", f"file://{repo}", str(shallow)], check=True,
+                   capture_output=True)
+    with pytest.raises(AssertionError, match="shallow clone: run `git fetch --unshallow`"):
+        old_release.resolve(shallow, old_release.previous_commit())
+    assert old_release.resolve(repo, old_release.previous_commit()) == old_release.previous_commit()
