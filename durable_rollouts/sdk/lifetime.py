@@ -24,7 +24,7 @@ from collections.abc import AsyncIterator, Callable, Hashable
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["Lease", "lease", "session", "stop_all"]
+__all__ = ["Lease", "lease", "running", "session", "stop_all"]
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +73,12 @@ async def lease(key: Hashable, build: Callable[[], Any]) -> Lease:
         slot = _Slot(loop=loop, key=key, worker=worker, task=asyncio.ensure_future(worker.run()))
         _SLOTS[(id(loop), key)] = slot
     return Lease(slot)
+
+
+def running() -> list[Any]:
+    """The in-process workers running on the current event loop."""
+    loop = asyncio.get_running_loop()
+    return [s.worker for s in _SLOTS.values() if s.loop is loop and not s.task.done()]
 
 
 async def stop_all() -> None:

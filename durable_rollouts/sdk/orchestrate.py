@@ -121,7 +121,14 @@ class JobHandle:
         return self.handle.id
 
     async def progress(self) -> Progress:
-        return await self.handle.query(TasksetRun.progress)
+        """The batch's progress (a query: with no lease held, a worker runs just for it)."""
+        if self.lease is not None or self.relet is None:
+            return await self.handle.query(TasksetRun.progress)
+        lease = await self.relet()
+        try:
+            return await self.handle.query(TasksetRun.progress)
+        finally:
+            await lease.release()
 
     async def cancel(self) -> None:
         await self.handle.cancel()
@@ -296,8 +303,15 @@ async def _batches(client: Client, job_id: str) -> list[WorkflowHandle[Any, Task
 
 async def job_progress(job_id: str, temporal: Any = None) -> list[Progress]:
     """The ``progress`` of every batch of a job (running or finished)."""
-    client, _ = await _client(temporal)
-    return [await h.query(TasksetRun.progress) for h in await _batches(client, job_id)]
+    client, embedded = await _client(temporal)
+    lease = None
+    if embedded:  # queries need a worker: on the embedded server, ours (only for the queries)
+        lease = await _ensure_worker(client, os.environ.get(QUEUE_ENV) or DEFAULT_TASK_QUEUE)
+    try:
+        return [await h.query(TasksetRun.progress) for h in await _batches(client, job_id)]
+    finally:
+        if lease is not None:
+            await lease.release()
 
 
 async def get_job(job_id: str, temporal: Any = None, *, wait: bool = False) -> Job:
