@@ -21,7 +21,7 @@ from _common import LETTERS, letter_tasks, percentile, private_home
 async def main(samples: int, n: int, sleep: float, concurrency: int) -> None:
     from durable_rollouts.sdk.agents import FixedAgent, SleepAgent
     from durable_rollouts.sdk.direct import run_direct
-    from durable_rollouts.sdk.orchestrate import run_taskset, shutdown_embedded
+    from durable_rollouts.sdk.orchestrate import run_taskset
     from durable_rollouts.sdk.providers import LocalRuntime
     from durable_rollouts.sdk.taskset import Taskset
 
@@ -62,7 +62,15 @@ async def main(samples: int, n: int, sleep: float, concurrency: int) -> None:
     print(f"  durable {t_durable:.1f} s = {n / t_durable:.1f} rollouts/s ({ok}/{n} rewarded)")
     print(f"  direct  {t_direct:.1f} s = {n / t_direct:.1f} rollouts/s ({dok}/{n} rewarded)")
     print(f"  durable/direct throughput ratio {t_direct / t_durable:.2f}")
-    await shutdown_embedded()
+
+
+async def session_main(samples: int, n: int, sleep: float, concurrency: int) -> None:
+    """``main`` in one ``session()``: the batches share one in-process worker (started by the
+    warm-up, not measured), stopped at the end even if a check fails."""
+    from durable_rollouts.sdk.lifetime import session
+
+    async with session():
+        await main(samples, n, sleep, concurrency)
 
 
 if __name__ == "__main__":
@@ -73,4 +81,4 @@ if __name__ == "__main__":
     parser.add_argument("--concurrency", type=int, default=64)
     args = parser.parse_args()
     with private_home():
-        asyncio.run(main(args.samples, args.n, args.sleep, args.concurrency))
+        asyncio.run(session_main(args.samples, args.n, args.sleep, args.concurrency))

@@ -17,7 +17,7 @@ from _common import LETTERS, letter_tasks, peak_rss_mb, private_home
 
 async def main(n: int, concurrency: int, sample: int) -> None:
     from durable_rollouts.sdk.agents import FixedAgent
-    from durable_rollouts.sdk.orchestrate import _client, shutdown_embedded, start_job
+    from durable_rollouts.sdk.orchestrate import _client, start_job
     from durable_rollouts.sdk.providers import LocalRuntime
     from durable_rollouts.sdk.taskset import Taskset
 
@@ -38,7 +38,6 @@ async def main(n: int, concurrency: int, sample: int) -> None:
             sample -= 1
             child_max = max(child_max, wf.history_length)
     counts = job.status_counts()
-    await shutdown_embedded()
     print(f"rollouts            {n} (concurrency {concurrency})")
     print(f"statuses            {counts}")
     print(f"wall time           {wall:.1f} s")
@@ -48,6 +47,15 @@ async def main(n: int, concurrency: int, sample: int) -> None:
     print(f"Rollout history     max {child_max} events (sampled children)")
 
 
+async def session_main(n: int, concurrency: int, sample: int) -> None:
+    """``main`` in one ``session()``: the in-process worker stops at the end even on an error
+    (one left to ``asyncio.run``'s final cancellation would hang the process)."""
+    from durable_rollouts.sdk.lifetime import session
+
+    async with session():
+        await main(n, concurrency, sample)
+
+
 if __name__ == "__main__":
     parser = argparse.ArgumentParser()
     parser.add_argument("--n", type=int, default=10_000)
@@ -55,4 +63,4 @@ if __name__ == "__main__":
     parser.add_argument("--sample", type=int, default=200, help="children whose history to check")
     args = parser.parse_args()
     with private_home():
-        asyncio.run(main(args.n, args.concurrency, args.sample))
+        asyncio.run(session_main(args.n, args.concurrency, args.sample))

@@ -15,6 +15,7 @@ if TYPE_CHECKING:
     from .models import Grade, RuntimeConfig, Step, Task, Trace
     from .sdk.agents import Agent
     from .sdk.job import Job
+    from .sdk.lifetime import session
     from .sdk.providers import LocalRuntime, Runtime, SubprocessRuntime
     from .sdk.providers.docker import DockerRuntime
     from .sdk.providers.modal import ModalRuntime
@@ -41,6 +42,7 @@ __all__ = [
     "Task",
     "Taskset",
     "Trace",
+    "session",
 ]
 
 _WHERE = {
@@ -62,6 +64,7 @@ _WHERE = {
     "Task": "durable_rollouts.models",
     "Taskset": "durable_rollouts.sdk.taskset",
     "Trace": "durable_rollouts.models",
+    "session": "durable_rollouts.sdk.lifetime",
 }
 
 

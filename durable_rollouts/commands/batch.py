@@ -233,18 +233,21 @@ async def run_batch(opts: RunOptions, out: Console, err: Console) -> int:
     )
     ui = ui_base(opts.temporal)
     total = len(taskset) * opts.group
-    if opts.detach:
-        return _detached(
-            job.id, handle.workflow_id, client, queue, embedded, ui, out, err, opts.as_json
+    try:  # the in-process worker (if any) is stopped before the command returns
+        if opts.detach:
+            return _detached(
+                job.id, handle.workflow_id, client, queue, embedded, ui, out, err, opts.as_json
+            )
+        _announce(
+            err,
+            job.id,
+            f"{len(taskset)} tasks x {opts.group} = {total} rollouts, agent {agent.spec().path}, "
+            f"runtime {runtime.spec().kind}",
+            ui,
         )
-    _announce(
-        err,
-        job.id,
-        f"{len(taskset)} tasks x {opts.group} = {total} rollouts, agent {agent.spec().path}, "
-        f"runtime {runtime.spec().kind}",
-        ui,
-    )
-    await follow(handle.handle, err, total=total, label="rollouts")
+        await follow(handle.handle, err, total=total, label="rollouts")
+    finally:
+        await handle.release()
     return await finish(client, job.id, out, as_json=opts.as_json, output=opts.output, ui=ui)
 
 

@@ -4,8 +4,10 @@
 ``Job``), waits for it and returns the Job with graded runs (traces loaded from the trace store,
 never from workflow history). With no Temporal address (argument or ``ROLLOUTS_TEMPORAL_ADDRESS``)
 it uses the embedded dev server plus an in-process worker that shares the caller's ``sys.path``,
-so classes defined by the caller import. The in-process worker lives as long as the event loop and
-is reused by later calls (a training loop pays its start-up once); ``shutdown_embedded()`` stops it.
+so classes defined by the caller import. The in-process worker runs while a batch uses it (from
+``start_job`` until ``JobHandle.wait`` returns or ``JobHandle.release``) or a ``session()`` block is
+open, and is shut down before that call returns (``sdk.lifetime``): nothing is left for
+``asyncio.run``'s final cancellation, which would wedge a temporalio Worker (issue #16).
 
 Imports the sdk, the workflows (for names and input models), the activities (only to build the
 in-process worker) and temporalio.
@@ -15,7 +17,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import os
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,6 +30,7 @@ from temporalio.service import RPCError, RPCStatusCode
 from durable_rollouts.errors import ConfigError
 from durable_rollouts.models import RolloutResult, Task
 from durable_rollouts.release import MEMO_KEY, release_name
+from durable_rollouts.sdk import lifetime
 from durable_rollouts.sdk.agents import check_remote
 from durable_rollouts.sdk.job import Job
 from durable_rollouts.sdk.run import Run
@@ -55,8 +60,6 @@ INLINE_ROWS = 200  # above this many rows, the workflow input carries a file ref
 class _Embedded:
     loop: asyncio.AbstractEventLoop
     client: Client
-    worker: Any = None
-    task: asyncio.Task[Any] | None = None
 
 
 _CLIENTS: dict[tuple[int, str | None], _Embedded] = {}
@@ -76,27 +79,17 @@ async def _client(temporal: Any) -> tuple[Client, bool]:
     return entry.client, address is None
 
 
-async def _ensure_worker(client: Client, task_queue: str) -> None:
+async def _ensure_worker(client: Client, task_queue: str) -> lifetime.Lease:
+    """A lease on this loop's in-process worker for ``task_queue`` (started if none runs)."""
     from durable_rollouts.worker import build_worker  # lazy: activities pull in the whole sdk
 
-    loop = asyncio.get_running_loop()
-    key = (id(loop), f"worker:{id(client)}:{task_queue}")
-    entry = _CLIENTS.get(key)
-    if entry is not None and entry.loop is loop and entry.task is not None and not entry.task.done():
-        return
-    worker = build_worker(client, task_queue=task_queue)
-    entry = _Embedded(loop=loop, client=client, worker=worker)
-    entry.task = asyncio.ensure_future(worker.run())
-    _CLIENTS[key] = entry
+    return await lifetime.lease((id(client), task_queue),
+                                lambda: build_worker(client, task_queue=task_queue))
 
 
 async def shutdown_embedded() -> None:
     """Stop the in-process workers started by this module on the running loop."""
-    loop = asyncio.get_running_loop()
-    for key, entry in list(_CLIENTS.items()):
-        if entry.loop is loop and entry.worker is not None:
-            await entry.worker.shutdown()
-            _CLIENTS.pop(key, None)
+    await lifetime.stop_all()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -109,29 +102,54 @@ _KEYS = {name: SearchAttributeKey.for_keyword(name) for name in (
 
 @dataclass
 class JobHandle:
-    """A started batch: query its progress, wait for it, cancel it."""
+    """A started batch: query its progress, wait for it, cancel it.
+
+    With an in-process worker the handle holds a lease on it: ``wait()`` gives it back when it
+    returns or raises (and takes a new one if called again); ``release()`` gives it back without
+    waiting (the batch then needs another worker to progress).
+    """
 
     job: Job
     batch_index: int
     handle: WorkflowHandle[Any, TasksetRunResult]
     rows: list[Task]
     trace_store: TraceStore | None = None
+    lease: lifetime.Lease | None = None
+    relet: Callable[[], Awaitable[lifetime.Lease]] | None = None
 
     @property
     def workflow_id(self) -> str:
         return self.handle.id
 
     async def progress(self) -> Progress:
-        return await self.handle.query(TasksetRun.progress)
+        """The batch's progress (a query: with no lease held, a worker runs just for it)."""
+        if self.lease is not None or self.relet is None:
+            return await self.handle.query(TasksetRun.progress)
+        lease = await self.relet()
+        try:
+            return await self.handle.query(TasksetRun.progress)
+        finally:
+            await lease.release()
 
     async def cancel(self) -> None:
         await self.handle.cancel()
 
     async def wait(self) -> Job:
         """Wait for the batch and append its runs (expansion order) to the job."""
-        result = await self.handle.result()
+        if self.lease is None and self.relet is not None:
+            self.lease = await self.relet()
+        try:
+            result = await self.handle.result()
+        finally:
+            await self.release()
         self.job.runs.extend(runs_from_result(result, self.job.id, self.rows, self.trace_store))
         return self.job
+
+    async def release(self) -> None:
+        """Give back the lease on the in-process worker (it stops when nothing else uses it)."""
+        lease, self.lease = self.lease, None
+        if lease is not None:
+            await lease.release()
 
 
 def runs_from_result(result: TasksetRunResult, job_id: str, rows: list[Task] | None = None,
@@ -172,8 +190,6 @@ async def start_job(taskset: Any, agent: Any, *, runtime: Any, group: int | None
         worker: run an in-process worker (default: only with the embedded dev server).
         task_queue: the shared queue (default ``$ROLLOUTS_TASK_QUEUE`` or ``rollouts``).
     """
-    from durable_rollouts.activities.taskset import register_taskset, taskset_class_path
-
     rows = list(taskset)
     group = Job.batch_group(group, job)
     validate_batch(rows, runtime=runtime, group=group, max_concurrent=max_concurrent,
@@ -184,10 +200,32 @@ async def start_job(taskset: Any, agent: Any, *, runtime: Any, group: int | None
     provider_spec = runtime.spec()
     client, embedded = await _client(temporal)
     queue = task_queue or os.environ.get(QUEUE_ENV) or DEFAULT_TASK_QUEUE
+    relet = None
     if worker if worker is not None else embedded:
-        await _ensure_worker(client, queue)
+        relet = functools.partial(_ensure_worker, client, queue)
     else:
         check_remote(agent_spec)  # the agent must import on workers outside this process
+    lease = await relet() if relet is not None else None
+    try:
+        handle = await _start(taskset, agent_spec, provider_spec, runtime, rows, client, queue, group=group,
+                              max_concurrent=max_concurrent, job=job, rollout_timeout=rollout_timeout,
+                              name=name, max_attempts=max_attempts, trace_store=trace_store,
+                              max_history_events=max_history_events)
+    except BaseException:
+        if lease is not None:
+            await lease.release()
+        raise
+    handle.lease, handle.relet = lease, relet
+    return handle
+
+
+async def _start(taskset: Any, agent_spec: Any, provider_spec: Any, runtime: Any, rows: list[Task],
+                 client: Client, queue: str, *, group: int, max_concurrent: int, job: Job | None,
+                 rollout_timeout: float | None, name: str | None, max_attempts: int,
+                 trace_store: TraceStore | None, max_history_events: int | None) -> JobHandle:
+    """Start the ``TasksetRun`` workflow of a validated batch."""
+    from durable_rollouts.activities.taskset import register_taskset, taskset_class_path
+
     attrs_ok = await ensure_search_attributes(client)
 
     name = name or (job.name if job is not None else taskset.name)
@@ -267,8 +305,15 @@ async def _batches(client: Client, job_id: str) -> list[WorkflowHandle[Any, Task
 
 async def job_progress(job_id: str, temporal: Any = None) -> list[Progress]:
     """The ``progress`` of every batch of a job (running or finished)."""
-    client, _ = await _client(temporal)
-    return [await h.query(TasksetRun.progress) for h in await _batches(client, job_id)]
+    client, embedded = await _client(temporal)
+    lease = None
+    if embedded:  # queries need a worker: on the embedded server, ours (only for the queries)
+        lease = await _ensure_worker(client, os.environ.get(QUEUE_ENV) or DEFAULT_TASK_QUEUE)
+    try:
+        return [await h.query(TasksetRun.progress) for h in await _batches(client, job_id)]
+    finally:
+        if lease is not None:
+            await lease.release()
 
 
 async def get_job(job_id: str, temporal: Any = None, *, wait: bool = False) -> Job:

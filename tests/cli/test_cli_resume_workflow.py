@@ -8,9 +8,10 @@ import uuid
 from cli_helpers import LETTERS
 from flaky_agent import FlakyAgent
 
+from durable_rollouts import session
 from durable_rollouts.commands.jobs import load_job
 from durable_rollouts.commands.resume import plan_resume, start_resume
-from durable_rollouts.sdk.orchestrate import get_job, run_taskset, shutdown_embedded
+from durable_rollouts.sdk.orchestrate import get_job, run_taskset
 from durable_rollouts.sdk.providers import LocalRuntime
 from durable_rollouts.sdk.taskset import Taskset
 from durable_rollouts.sdk.temporal import connect_client
@@ -30,7 +31,7 @@ async def test_a_resumed_batch_runs_only_the_selected_slots_and_keeps_the_rest(
         log=str(log),
     )
     taskset = Taskset.from_file(LETTERS)
-    try:
+    async with session():  # the in-process worker also runs the resume workflow below
         job = await run_taskset(
             taskset,
             agent,
@@ -60,8 +61,6 @@ async def test_a_resumed_batch_runs_only_the_selected_slots_and_keeps_the_rest(
         assert sorted(r.rollout_id for r in again.runs) == sorted(r.rollout_id for r in job.runs)
         assert all(r.status == "succeeded" for r in again.runs)
         assert handle.id == f"job-{job.id}"  # the same workflow id: found by the job id
-    finally:
-        await shutdown_embedded()
 
 
 async def test_resume_carries_kept_results_by_claim_check_when_there_are_many(

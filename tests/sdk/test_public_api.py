@@ -16,7 +16,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 def test_design_names_are_exported_and_sorted() -> None:
     expected = {"Environment", "Answer", "Capability", "Task", "Taskset", "Job", "Run", "Agent",
-                "Runtime", "LocalRuntime", "SubprocessRuntime", "RuntimeConfig"}
+                "Runtime", "LocalRuntime", "SubprocessRuntime", "RuntimeConfig", "session"}
     assert expected <= set(durable_rollouts.__all__)
     for module in (durable_rollouts, durable_rollouts.sdk, durable_rollouts.sdk.providers, durable_rollouts.graders):
         assert module.__all__ == sorted(module.__all__), module.__name__
@@ -26,6 +26,9 @@ def test_design_names_are_exported_and_sorted() -> None:
     from durable_rollouts.envserver import Environment as Direct
 
     assert Environment is Direct
+    from durable_rollouts.sdk.lifetime import session
+
+    assert durable_rollouts.session is session
 
 
 def test_importing_the_package_loads_nothing_heavy() -> None:

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from temporal_helpers import ENV_FILE, BigTraceAgent, CountingAgent, read_lines
 
+from durable_rollouts import session
 from durable_rollouts.models import Task
 from durable_rollouts.sdk.agents import FailAgent, FixedAgent, SleepAgent
 from durable_rollouts.sdk.job import Job
@@ -35,15 +36,16 @@ async def test_workflows_import_no_io_layers() -> None:
 async def test_batch_grades_every_rollout_and_groups_share_ids(client, task_queue) -> None:
     """rows x group rollouts run task-major; a row's repeats share one group id."""
     ts = Taskset("echoes", [echo("a"), echo("b")])
-    job = await run_taskset(ts, FixedAgent(answer="a"), runtime=LocalRuntime(ENV_FILE), group=3,
-                            temporal=client, worker=True, task_queue=task_queue)
+    async with session():  # the worker outlives the batch: the query below needs one
+        job = await run_taskset(ts, FixedAgent(answer="a"), runtime=LocalRuntime(ENV_FILE), group=3,
+                                temporal=client, worker=True, task_queue=task_queue)
+        progress = await client.get_workflow_handle(workflow_id(job.id)).query(TasksetRun.progress)
     assert [r.status for r in job.runs] == ["succeeded"] * 6
     assert [r.reward for r in job.runs] == [1.0, 1.0, 1.0, 0.0, 0.0, 0.0]
     assert len({r.group_id for r in job.runs[:3]}) == 1 and job.runs[0].group_id != job.runs[3].group_id
     assert [r.group_index for r in job.runs] == [0, 1, 2, 0, 1, 2]
     assert job.runs[0].rollout_id == f"job-{job.id}-{ts.tasks[0].slug}-0"
     assert job.runs[0].trace.content == "a" and job.runs[0].prompt
-    progress = await client.get_workflow_handle(workflow_id(job.id)).query(TasksetRun.progress)
     assert (progress.total, progress.succeeded, progress.done, progress.mean_reward) == (6, 6, True, 0.5)
 
 
@@ -218,14 +220,15 @@ async def test_only_slots_run_for_a_resume_with_stable_rollout_ids(client, task_
     from durable_rollouts.workflows import TasksetRunInput, rollout_id
 
     ts = Taskset("echoes", [echo("a"), echo("b"), echo("c")])
-    job = await run_taskset(ts, FixedAgent(answer="b"), runtime=LocalRuntime(ENV_FILE), group=2,
-                            temporal=client, worker=True, task_queue=task_queue)
-    first = await client.get_workflow_handle(workflow_id(job.id)).describe()
-    inp = TasksetRunInput(job_id=job.id, rows=ts.tasks, group=2, agent=FixedAgent(answer="b").spec(),
-                          provider=LocalRuntime(ENV_FILE).spec(), task_queue=task_queue,
-                          only=[(0, 1), (2, 0)], batch_index=0)
-    handle = await client.start_workflow(TasksetRun.run, inp, id=f"resume-{job.id}", task_queue=task_queue)
-    result = await handle.result()
+    async with session():  # the in-process worker also runs the raw workflow started below
+        job = await run_taskset(ts, FixedAgent(answer="b"), runtime=LocalRuntime(ENV_FILE), group=2,
+                                temporal=client, worker=True, task_queue=task_queue)
+        first = await client.get_workflow_handle(workflow_id(job.id)).describe()
+        inp = TasksetRunInput(job_id=job.id, rows=ts.tasks, group=2, agent=FixedAgent(answer="b").spec(),
+                              provider=LocalRuntime(ENV_FILE).spec(), task_queue=task_queue,
+                              only=[(0, 1), (2, 0)], batch_index=0)
+        handle = await client.start_workflow(TasksetRun.run, inp, id=f"resume-{job.id}", task_queue=task_queue)
+        result = await handle.result()
     assert sorted(r.rollout_id for r in result.results) == sorted(
         [rollout_id(job.id, ts.tasks[0].slug, 1), rollout_id(job.id, ts.tasks[2].slug, 0)])
     assert result.progress.total == 2 and first.status is not None

@@ -1,0 +1,127 @@
+"""The explicit lifetime of in-process workers: leases and ``session()``.
+
+A worker started in this process (``run_taskset``/``start_job`` against the embedded dev server)
+runs only while something uses it: a batch, from ``start_job`` until its ``JobHandle.wait``
+returns (or ``JobHandle.release``), or an open ``async with session():`` block. When the last
+user lets go, the worker is shut down (``await worker.shutdown()``) before that call returns, so
+a script's event loop ends with nothing of ours running.
+
+Why it matters (issue #16): a temporalio Worker left to ``asyncio.run``'s final cancellation
+has its pollers cancelled together with ``Worker.run``; core then waits for activations nobody
+polls any more and ``finalize_shutdown`` never returns, so ``asyncio.run`` hangs for ever.
+Starting a worker costs ~2 ms and stopping it ~5-15 ms, so outside a session each batch gets
+its own; inside ``session()`` (a training loop) it starts once and stops at the block's end.
+
+Temporal-free: a worker is anything with ``run()`` and ``shutdown()`` coroutines.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Callable, Hashable
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["Lease", "lease", "running", "session", "stop_all"]
+
+log = logging.getLogger(__name__)
+
+STOP_TIMEOUT_S = 30.0  # above the workers' graceful shutdown (5 s) plus core's own clean-up
+
+
+@dataclass(eq=False)
+class _Slot:
+    loop: asyncio.AbstractEventLoop
+    key: Hashable
+    worker: Any
+    task: asyncio.Future[Any]
+    users: int = 0
+
+
+_SLOTS: dict[tuple[int, Hashable], _Slot] = {}
+_SESSIONS: dict[int, int] = {}  # id(loop) -> open session() blocks
+
+
+class Lease:
+    """One user's hold on an in-process worker; ``release()`` is idempotent."""
+
+    def __init__(self, slot: _Slot) -> None:
+        self._slot: _Slot | None = slot
+        slot.users += 1
+
+    @property
+    def worker(self) -> Any:
+        return self._slot.worker if self._slot is not None else None
+
+    async def release(self) -> None:
+        slot, self._slot = self._slot, None
+        if slot is None:
+            return
+        slot.users -= 1
+        if slot.users <= 0 and not _SESSIONS.get(id(slot.loop)):
+            await _stop(slot)
+
+
+async def lease(key: Hashable, build: Callable[[], Any]) -> Lease:
+    """A lease on the running loop's worker for ``key``, started with ``build()`` if needed."""
+    loop = asyncio.get_running_loop()
+    slot = _SLOTS.get((id(loop), key))
+    if slot is None or slot.loop is not loop or slot.task.done():
+        worker = build()
+        slot = _Slot(loop=loop, key=key, worker=worker, task=asyncio.ensure_future(worker.run()))
+        _SLOTS[(id(loop), key)] = slot
+    return Lease(slot)
+
+
+def running() -> list[Any]:
+    """The in-process workers running on the current event loop."""
+    loop = asyncio.get_running_loop()
+    return [s.worker for s in _SLOTS.values() if s.loop is loop and not s.task.done()]
+
+
+async def stop_all() -> None:
+    """Shut down every in-process worker of the running loop, used or not."""
+    loop = asyncio.get_running_loop()
+    await asyncio.gather(*(_stop(s) for s in list(_SLOTS.values()) if s.loop is loop))
+
+
+@contextlib.asynccontextmanager
+async def session() -> AsyncIterator[None]:
+    """Keep in-process workers running across the batches of this block (a training loop pays
+    their start-up once); at its end, shut down every in-process worker of this event loop."""
+    loop_id = id(asyncio.get_running_loop())
+    _SESSIONS[loop_id] = _SESSIONS.get(loop_id, 0) + 1
+    try:
+        yield
+    finally:
+        _SESSIONS[loop_id] -= 1
+        if not _SESSIONS[loop_id]:
+            del _SESSIONS[loop_id]
+            await stop_all()
+
+
+async def _stop(slot: _Slot) -> None:
+    """Shut ``slot``'s worker down and wait for its run task (errors are logged, not raised)."""
+    if _SLOTS.get((id(slot.loop), slot.key)) is slot:
+        del _SLOTS[(id(slot.loop), slot.key)]
+
+    async def stopping() -> None:
+        await slot.worker.shutdown()
+        with contextlib.suppress(asyncio.CancelledError):
+            await slot.task
+
+    # Waited for even if our caller is cancelled: a worker stopped half-way, left to the loop's
+    # final cancellation, wedges it like one never stopped.
+    stopper = asyncio.ensure_future(stopping())
+    try:
+        await asyncio.wait({stopper}, timeout=STOP_TIMEOUT_S)
+    except asyncio.CancelledError:
+        await asyncio.wait({stopper}, timeout=STOP_TIMEOUT_S)
+        raise
+    finally:
+        if not stopper.done():
+            log.warning("the in-process worker did not stop within %.0f s", STOP_TIMEOUT_S)
+        elif not stopper.cancelled() and stopper.exception() is not None:
+            log.warning("the in-process worker stopped with an error: %s", stopper.exception())

@@ -1,0 +1,70 @@
+"""The in-process worker's lifetime (issue #16): it runs while a batch or a ``session()`` uses it.
+
+A worker left running when the loop ends is cancelled by ``asyncio.run`` together with its
+pollers and can wedge the process for ever, so a finished batch call must leave none behind.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from temporal_helpers import ENV_FILE
+
+from durable_rollouts import session
+from durable_rollouts.models import Task
+from durable_rollouts.sdk.agents import FixedAgent, SleepAgent
+from durable_rollouts.sdk.job import Job
+from durable_rollouts.sdk.lifetime import running
+from durable_rollouts.sdk.orchestrate import run_taskset, start_job
+from durable_rollouts.sdk.providers import LocalRuntime
+from durable_rollouts.sdk.taskset import Taskset
+
+
+def _tasks(n: int) -> Taskset:
+    return Taskset("echoes", [Task(env="counting", id="echo", args={"expected": "ab"[i % 2]}, source=ENV_FILE)
+                              for i in range(n)])
+
+
+def _ours() -> list[asyncio.Task[object]]:
+    """Tasks of temporalio or this package still on the loop (besides the test's own)."""
+    return [t for t in asyncio.all_tasks() if t is not asyncio.current_task()
+            and getattr(t.get_coro(), "__qualname__", "").split(".")[0] in
+            ("Worker", "_WorkflowWorker", "_ActivityWorker", "RolloutWorker", "runner")]
+
+
+async def test_a_batch_stops_its_in_process_worker_before_it_returns(client, task_queue) -> None:
+    """After ``run_taskset`` returns, no in-process worker and none of its tasks are running."""
+    job = await run_taskset(_tasks(2), FixedAgent(answer="a"), runtime=LocalRuntime(ENV_FILE), group=2,
+                            temporal=client, worker=True, task_queue=task_queue)
+    assert [r.status for r in job.runs] == ["succeeded"] * 4
+    assert running() == [] and _ours() == []
+
+
+async def test_a_session_keeps_one_worker_for_all_its_batches(client, task_queue) -> None:
+    """Inside ``session()`` the batches of a training loop share one worker; it stops at the end."""
+    seen = []
+    async with session():
+        job = await Job.start("loop", group=2)
+        for _ in range(3):
+            await run_taskset(_tasks(2), FixedAgent(answer="a"), runtime=LocalRuntime(ENV_FILE), job=job,
+                              temporal=client, worker=True, task_queue=task_queue)
+            seen.append(running())
+            assert _ours()  # its pollers are on the loop while the session is open
+    assert len(job.runs) == 12 and job.batches == 3
+    assert len(seen[0]) == 1 and seen == [seen[0]] * 3  # the same worker object each time
+    assert running() == [] and _ours() == []
+
+
+async def test_a_wait_that_is_cancelled_stops_the_worker_and_a_new_wait_restarts_it(client, task_queue) -> None:
+    """``wait()`` gives the worker back even when cancelled; waiting again takes a new one and
+    the batch completes."""
+    handle = await start_job(_tasks(2), SleepAgent(seconds=1.0, answer="a"), runtime=LocalRuntime(ENV_FILE),
+                             temporal=client, worker=True, task_queue=task_queue)
+    assert len(running()) == 1  # held by the handle until it is waited for
+    with pytest.raises(asyncio.TimeoutError):
+        await asyncio.wait_for(handle.wait(), 0.2)
+    assert running() == []
+    job = await handle.wait()
+    assert [r.status for r in job.runs] == ["succeeded"] * 2
+    assert running() == [] and _ours() == []
