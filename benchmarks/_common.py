@@ -25,7 +25,7 @@ def private_home() -> Iterator[Path]:
     try:
         yield home
     finally:
-        from durable_rollouts.sdk.temporal import stop_dev_server
+        from durable_rollouts.temporal.connection import stop_dev_server
 
         stop_dev_server(home)
 

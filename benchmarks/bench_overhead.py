@@ -21,7 +21,7 @@ from _common import LETTERS, letter_tasks, percentile, private_home
 async def main(samples: int, n: int, sleep: float, concurrency: int) -> None:
     from durable_rollouts.sdk.agents import FixedAgent, SleepAgent
     from durable_rollouts.sdk.direct import run_direct
-    from durable_rollouts.sdk.orchestrate import run_taskset
+    from durable_rollouts.temporal.batches import run_taskset
     from durable_rollouts.sdk.providers import LocalRuntime
     from durable_rollouts.sdk.taskset import Taskset
 

@@ -17,7 +17,7 @@ from _common import LETTERS, letter_tasks, peak_rss_mb, private_home
 
 async def main(n: int, concurrency: int, sample: int) -> None:
     from durable_rollouts.sdk.agents import FixedAgent
-    from durable_rollouts.sdk.orchestrate import _client, start_job
+    from durable_rollouts.temporal.batches import _client, start_job
     from durable_rollouts.sdk.providers import LocalRuntime
     from durable_rollouts.sdk.taskset import Taskset
 

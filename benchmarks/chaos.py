@@ -58,7 +58,7 @@ def print_matrix(outcomes: list[Outcome], wall: float) -> bool:
 
 
 async def main_async(args: argparse.Namespace) -> int:
-    from durable_rollouts.sdk.temporal import connect_client
+    from durable_rollouts.temporal.connection import connect_client
 
     cells = args.cells.split(",") if args.cells else CELLS
     if os.geteuid() != 0 and "disk_full" in cells:

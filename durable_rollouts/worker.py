@@ -6,7 +6,7 @@ host's and this process's queues (activities of host-/process-local substrates).
 ``await worker.run()`` or ``async with worker:``. ``python -m durable_rollouts.worker --temporal
 HOST:PORT [--task-queue Q] [--host-queue auto|NAME] [--gc-every SECONDS]`` runs one as its own
 process (crash tests SIGKILL these); SIGTERM/SIGINT shut it down gracefully. With ``gc_every_s``
-the worker also runs ``sdk.gc.sweep`` in the background (default 300 s for worker processes, off
+the worker also runs ``durable_rollouts.gc.sweep`` in the background (default 300 s for worker processes, off
 for workers built in-process): substrates whose rollout is over are removed without ``rollouts gc``.
 """
 
@@ -64,7 +64,7 @@ class RolloutWorker:
     async def run(self) -> None:
         sweeper = None
         if self.gc_every_s > 0:
-            from durable_rollouts.sdk.gc import sweep
+            from durable_rollouts.gc import sweep
 
             sweeper = asyncio.ensure_future(sweep(self.workers[0].client, self.gc_every_s))
         try:
@@ -110,7 +110,7 @@ def build_worker(client: Client, *, task_queue: str = DEFAULT_TASK_QUEUE, host_q
         identity: the Temporal worker identity; default ``durable-rollouts <version> (<commit>)
             <pid>@<host>``, so a failed workflow task (e.g. non-determinism) names the release.
         gc_every_s: remove orphaned substrates every this many seconds while running, asking
-            ``client`` about their workflows (``sdk.gc.sweep``); 0 = never.
+            ``client`` about their workflows (``durable_rollouts.gc.sweep``); 0 = never.
     """
     if host_queue == "auto":
         host_queue = host_queue_name(task_queue)
@@ -154,7 +154,7 @@ async def run_worker(address: str | None = None, *, task_queue: str = DEFAULT_TA
                      max_concurrent_activities: int = 500, stop: asyncio.Event | None = None,
                      gc_every_s: float = DEFAULT_GC_EVERY_S) -> None:
     """Connect and run a worker until ``stop`` is set or SIGTERM/SIGINT arrives."""
-    from durable_rollouts.sdk.temporal import connect_client
+    from durable_rollouts.temporal.connection import connect_client
 
     client = await connect_client(address)
     worker = build_worker(client, task_queue=task_queue, host_queue=host_queue,

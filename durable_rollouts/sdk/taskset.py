@@ -170,7 +170,7 @@ class Taskset:
 
         ``group`` defaults to ``job.group`` when appending to an open job (``Job.start``), else 1.
         """
-        from .orchestrate import run_taskset  # lazy: keeps Temporal out of plain imports
+        from durable_rollouts.temporal.batches import run_taskset  # lazy: keeps Temporal out of plain imports
 
         return await run_taskset(  # type: ignore[no-any-return]
             self, agent, runtime=runtime, group=group, max_concurrent=max_concurrent,

@@ -162,8 +162,8 @@ async def test_openai_agent_fixes_the_coding_example_on_the_durable_path(
     import socket
     import uuid
 
-    from durable_rollouts.sdk.orchestrate import shutdown_embedded
-    from durable_rollouts.sdk.temporal import connect_client, ensure_dev_server, stop_dev_server
+    from durable_rollouts.temporal.batches import shutdown_embedded
+    from durable_rollouts.temporal.connection import connect_client, ensure_dev_server, stop_dev_server
 
     monkeypatch.setenv("H6_TEST_API_KEY", SECRET)
     llm = await scripted_llm([tool_call("shell", {"command": "cat mathutils.py"}), _fix, final("fixed")])

@@ -41,10 +41,10 @@ from temporal_helpers import ENV_FILE, CountingAgent, DevServer, WorkerProcess, 
 
 from durable_rollouts.models import Task
 from durable_rollouts.protocol import SERVE_PORT_ANNOUNCEMENT
-from durable_rollouts.sdk.orchestrate import start_job
+from durable_rollouts.temporal.batches import start_job
 from durable_rollouts.sdk.providers import Runtime, SubprocessRuntime
 from durable_rollouts.sdk.taskset import Taskset
-from durable_rollouts.sdk.temporal import connect_client
+from durable_rollouts.temporal.connection import connect_client
 from durable_rollouts.sdk.tracestore import TraceStore
 
 # worker SIGKILLed at a fault point (durable_rollouts.activities.faults) during each step

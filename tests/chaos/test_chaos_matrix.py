@@ -16,7 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 from chaos_cells import CELLS, Outcome, run_matrix
 
-from durable_rollouts.sdk.temporal import connect_client
+from durable_rollouts.temporal.connection import connect_client
 
 LANES = int(os.environ.get("ROLLOUTS_CHAOS_LANES", "3"))
 # the slowest cell first, so it overlaps with the others

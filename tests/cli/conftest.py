@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from durable_rollouts.sdk.temporal import DevServer, ensure_dev_server, stop_dev_server
+from durable_rollouts.temporal.connection import DevServer, ensure_dev_server, stop_dev_server
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # cli_helpers, flaky_agent
 

@@ -9,12 +9,12 @@ from cli_helpers import LETTERS
 from flaky_agent import FlakyAgent
 
 from durable_rollouts import session
-from durable_rollouts.commands.jobs import load_job
-from durable_rollouts.commands.resume import plan_resume, start_resume
-from durable_rollouts.sdk.orchestrate import get_job, run_taskset
+from durable_rollouts.temporal.jobs import load_job
+from durable_rollouts.temporal.resume import plan_resume, start_resume
+from durable_rollouts.temporal.batches import get_job, run_taskset
 from durable_rollouts.sdk.providers import LocalRuntime
 from durable_rollouts.sdk.taskset import Taskset
-from durable_rollouts.sdk.temporal import connect_client
+from durable_rollouts.temporal.connection import connect_client
 from durable_rollouts.worker import build_worker
 
 
@@ -67,7 +67,7 @@ async def test_resume_carries_kept_results_by_claim_check_when_there_are_many(
     embedded_server, tmp_path, monkeypatch
 ) -> None:
     """Above INLINE_KEPT_MAX kept results travel as a result-store chunk, not in the workflow input."""
-    from durable_rollouts.commands import resume
+    from durable_rollouts.temporal import resume
 
     monkeypatch.setattr(resume, "INLINE_KEPT_MAX", 2)
     client = await connect_client(embedded_server.address)

@@ -16,8 +16,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "temporal"))
 
 from temporal_helpers import DevServer  # noqa: E402
 
-from durable_rollouts.sdk.orchestrate import shutdown_embedded  # noqa: E402
-from durable_rollouts.sdk.temporal import connect_client  # noqa: E402
+from durable_rollouts.temporal.batches import shutdown_embedded  # noqa: E402
+from durable_rollouts.temporal.connection import connect_client  # noqa: E402
 
 
 @pytest.fixture(scope="session")

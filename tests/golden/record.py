@@ -43,10 +43,10 @@ from temporal_helpers import ENV_FILE, CountingAgent, DevServer, WorkerProcess, 
 from durable_rollouts.models import Task  # noqa: E402
 from durable_rollouts.sdk.agents import FixedAgent, TableAgent  # noqa: E402
 from durable_rollouts.sdk.job import Job  # noqa: E402
-from durable_rollouts.sdk.orchestrate import JobHandle, shutdown_embedded, start_job  # noqa: E402
+from durable_rollouts.temporal.batches import JobHandle, shutdown_embedded, start_job  # noqa: E402
 from durable_rollouts.sdk.providers import LocalRuntime, SubprocessRuntime  # noqa: E402
 from durable_rollouts.sdk.taskset import Taskset  # noqa: E402
-from durable_rollouts.sdk.temporal import connect_client  # noqa: E402
+from durable_rollouts.temporal.connection import connect_client  # noqa: E402
 
 CONTINUED = "EVENT_TYPE_WORKFLOW_EXECUTION_CONTINUED_AS_NEW"
 CHILD_STARTED = "EVENT_TYPE_CHILD_WORKFLOW_EXECUTION_STARTED"
@@ -199,8 +199,8 @@ async def scenario_session(ctx: Ctx) -> str:
 async def scenario_resumed(ctx: Ctx) -> str:
     from flaky_agent import FlakyAgent
 
-    from durable_rollouts.commands.jobs import load_job
-    from durable_rollouts.commands.resume import plan_resume, start_resume
+    from durable_rollouts.temporal.jobs import load_job
+    from durable_rollouts.temporal.resume import plan_resume, start_resume
 
     marker = ctx.evidence / "fixed"
     ts = Taskset("golden-resume", [

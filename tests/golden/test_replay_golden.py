@@ -16,7 +16,7 @@ import pytest
 from temporalio.client import WorkflowHistory
 from temporalio.worker import Replayer
 
-from durable_rollouts.codec import data_converter
+from durable_rollouts.temporal.codec import data_converter
 from durable_rollouts.workflows import Rollout, TasksetRun
 
 GOLDEN = Path(__file__).resolve().parent

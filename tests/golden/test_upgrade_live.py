@@ -22,7 +22,7 @@ import pytest
 from temporal_helpers import ENV_FILE, WorkerProcess, async_wait_for, read_lines
 
 from durable_rollouts.release import MEMO_KEY, release_name
-from durable_rollouts.sdk.orchestrate import get_job
+from durable_rollouts.temporal.batches import get_job
 from durable_rollouts.workflows import workflow_id
 
 pytestmark = pytest.mark.timeout(150)

@@ -20,7 +20,7 @@ from durable_rollouts.models import RuntimeConfig, Task
 from durable_rollouts.sdk.agents import FixedAgent
 from durable_rollouts.sdk.client import connect
 from durable_rollouts.sdk.direct import run_direct
-from durable_rollouts.sdk.gc import LABEL_DEADLINE, LABEL_OWNER, collect, find_orphans
+from durable_rollouts.gc import LABEL_DEADLINE, LABEL_OWNER, collect, find_orphans
 from durable_rollouts.sdk.providers.docker import DockerRuntime
 from durable_rollouts.sdk.taskset import Taskset
 from durable_rollouts.sdk.tokens import substrate_token
@@ -260,7 +260,7 @@ async def test_a_batch_of_rollouts_runs_through_the_direct_executor_on_docker(
 async def test_gc_removes_a_container_whose_owner_process_is_gone(
     docker_client, test_image, monkeypatch
 ):
-    import durable_rollouts.sdk.gc as gc
+    import durable_rollouts.gc as gc
 
     dead_pid = _dead_pid()
     real_labels = gc.owner_labels

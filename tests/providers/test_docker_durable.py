@@ -21,11 +21,11 @@ from substrates_support import ENV_IMAGE_DIR, KEY_LABEL, MarkingSleepAgent
 
 from durable_rollouts.envserver import load_environment
 from durable_rollouts.sdk.agents import FixedAgent
-from durable_rollouts.sdk.gc import collect, find_orphans
-from durable_rollouts.sdk.orchestrate import shutdown_embedded, start_job
+from durable_rollouts.gc import collect, find_orphans
+from durable_rollouts.temporal.batches import shutdown_embedded, start_job
 from durable_rollouts.sdk.providers.docker import DockerRuntime
 from durable_rollouts.sdk.taskset import Taskset
-from durable_rollouts.sdk.temporal import connect_client
+from durable_rollouts.temporal.connection import connect_client
 
 HERE = Path(__file__).resolve().parent
 TEMPORAL_TESTS = HERE.parent / "temporal"

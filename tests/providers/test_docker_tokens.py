@@ -29,7 +29,7 @@ from durable_rollouts.errors import UnauthorizedError
 from durable_rollouts.models import ConnectInput
 from durable_rollouts.sdk import steps
 from durable_rollouts.sdk.client import connect
-from durable_rollouts.sdk.orchestrate import start_job
+from durable_rollouts.temporal.batches import start_job
 from durable_rollouts.sdk.providers.docker import DockerRuntime
 from durable_rollouts.sdk.taskset import Taskset
 from durable_rollouts.sdk.tokens import SECRET_ENV_VAR, secret_path, substrate_token

@@ -12,7 +12,7 @@ import uuid
 from pathlib import Path
 
 from durable_rollouts.envserver import load_environment
-from durable_rollouts.sdk.gc import (
+from durable_rollouts.gc import (
     collect,
     find_orphans,
     format_orphans,

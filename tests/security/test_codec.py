@@ -10,7 +10,7 @@ import pytest
 from temporalio.api.common.v1 import Payload
 from temporalio.contrib.pydantic import pydantic_data_converter
 
-from durable_rollouts.codec import (
+from durable_rollouts.temporal.codec import (
     ENCRYPTED_ENCODING,
     KEY_ENV_VAR,
     AESGCMCodec,

@@ -29,15 +29,15 @@ import pytest
 from history_scan import job_histories
 from security_helpers import make_env
 
-from durable_rollouts.codec import KEY_ENV_VAR
+from durable_rollouts.temporal.codec import KEY_ENV_VAR
 from durable_rollouts.envserver import serving
 from durable_rollouts.models import Task
 from durable_rollouts.sdk.openai_agent import OpenAIChatAgent
-from durable_rollouts.sdk.orchestrate import run_taskset, shutdown_embedded
+from durable_rollouts.temporal.batches import run_taskset, shutdown_embedded
 from durable_rollouts.sdk.paths import rollouts_home
 from durable_rollouts.sdk.providers import Runtime
 from durable_rollouts.sdk.taskset import Taskset
-from durable_rollouts.sdk.temporal import connect_client
+from durable_rollouts.temporal.connection import connect_client
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "temporal"))
 from temporal_helpers import DevServer  # noqa: E402

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from durable_rollouts.sdk.orchestrate import shutdown_embedded
-from durable_rollouts.sdk.temporal import connect_client
+from durable_rollouts.temporal.batches import shutdown_embedded
+from durable_rollouts.temporal.connection import connect_client
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # temporal_helpers, counting_env
 

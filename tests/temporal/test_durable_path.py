@@ -13,7 +13,7 @@ from durable_rollouts import session
 from durable_rollouts.models import Task
 from durable_rollouts.sdk.agents import FailAgent, FixedAgent, SleepAgent
 from durable_rollouts.sdk.job import Job
-from durable_rollouts.sdk.orchestrate import get_job, run_taskset, start_job
+from durable_rollouts.temporal.batches import get_job, run_taskset, start_job
 from durable_rollouts.sdk.providers import LocalRuntime, SubprocessRuntime
 from durable_rollouts.sdk.taskset import Taskset
 from durable_rollouts.workflows import TasksetRun, workflow_id
@@ -148,7 +148,7 @@ async def test_histories_replay_deterministically(client, task_queue, evidence: 
     """The recorded histories of a batch (parent and children) replay without nondeterminism."""
     from temporalio.worker import Replayer
 
-    from durable_rollouts.codec import data_converter
+    from durable_rollouts.temporal.codec import data_converter
     from durable_rollouts.workflows import Rollout
 
     ts = Taskset("echoes", [echo("a"), echo("b", grade_log=str(evidence / "g.log"))])
@@ -201,7 +201,7 @@ async def test_groups_resolve_once_and_unresolvable_groups_fail_alone(client, ta
 async def test_large_taskset_rows_travel_by_claim_check(client, task_queue, monkeypatch) -> None:
     """Above INLINE_ROWS rows the workflow input carries a file reference, not the rows; rows
     are loaded in windows (also across continue-as-new) and every rollout still runs once."""
-    from durable_rollouts.sdk import orchestrate
+    from durable_rollouts.temporal import batches as orchestrate
 
     monkeypatch.setattr(orchestrate, "INLINE_ROWS", 2)
     ts = Taskset("many", [echo(str(i)) for i in range(7)])

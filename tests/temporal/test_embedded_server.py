@@ -6,7 +6,7 @@ import asyncio
 from pathlib import Path
 
 from durable_rollouts.sdk.procs import pid_alive
-from durable_rollouts.sdk.temporal import ensure_dev_server, stop_dev_server
+from durable_rollouts.temporal.connection import ensure_dev_server, stop_dev_server
 
 
 async def test_two_homes_starting_at_once_get_their_own_servers(tmp_path: Path) -> None:

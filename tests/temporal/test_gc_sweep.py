@@ -22,8 +22,9 @@ from temporal_helpers import ENV_FILE, CountingAgent, WorkerProcess, async_wait_
 from temporalio.common import RetryPolicy
 
 from durable_rollouts.models import Endpoint, Task
-from durable_rollouts.sdk import gc, gc_orphans
-from durable_rollouts.sdk.orchestrate import start_job
+from durable_rollouts import gc
+from durable_rollouts.gc import orphans as gc_orphans
+from durable_rollouts.temporal.batches import start_job
 from durable_rollouts.sdk.procs import pid_alive
 from durable_rollouts.sdk.providers import SubprocessRuntime
 from durable_rollouts.sdk.providers.subprocess import substrate_dir

@@ -16,10 +16,10 @@ import pytest
 from temporal_helpers import ENV_FILE, CountingAgent, DevServer, async_wait_for, read_lines
 
 from durable_rollouts.models import Task
-from durable_rollouts.sdk.orchestrate import start_job
+from durable_rollouts.temporal.batches import start_job
 from durable_rollouts.sdk.providers import LocalRuntime, SubprocessRuntime
 from durable_rollouts.sdk.taskset import Taskset
-from durable_rollouts.sdk.temporal import connect_client
+from durable_rollouts.temporal.connection import connect_client
 
 
 def echo(expected: str, evidence: Path, **extra: object) -> Task:

@@ -16,7 +16,7 @@ from durable_rollouts.models import Task
 from durable_rollouts.sdk.agents import FixedAgent, SleepAgent
 from durable_rollouts.sdk.job import Job
 from durable_rollouts.sdk.lifetime import running
-from durable_rollouts.sdk.orchestrate import run_taskset, start_job
+from durable_rollouts.temporal.batches import run_taskset, start_job
 from durable_rollouts.sdk.providers import LocalRuntime
 from durable_rollouts.sdk.taskset import Taskset
 

@@ -11,7 +11,7 @@ read-only root with a tmpfs ``/tmp``, a pids limit. ``release`` always force-rem
 Images come from ``docker/env.Dockerfile`` (see docker/README.md).
 
 Imports models, errors and the provider base; never another provider module or the Temporal
-layer (owner labels come from ``sdk.gc``).
+layer (owner labels come from ``durable_rollouts.gc``).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from typing import Any, ClassVar
 
 from ...errors import ConfigError, ProviderError, ReadyTimeoutError
 from ...models import Endpoint, ProviderSpec, RuntimeConfig, Task
-from ..gc import LABEL_DEADLINE, LABEL_KEY, owner_labels
+from durable_rollouts.gc import LABEL_DEADLINE, LABEL_KEY, owner_labels
 from ..paths import safe_name
 from ..tokens import derived_params, substrate_token
 from .base import CONTAINER_FIELDS, DurableProvider, Locality, probe_ready

@@ -1,6 +1,6 @@
 """Gc candidates: every labelled substrate this host can see, with its liveness.
 
-Docker containers are listed by their ``durable-rollouts.key`` label (:mod:`.gc_labels`).
+Docker containers are listed by their ``durable-rollouts.key`` label (:mod:`.labels`).
 SubprocessRuntime children have no labels: their ``$ROLLOUTS_HOME/substrates/<key>/state.json``
 (pid, pgid, birth) is read, the key is the directory name and the workflow id is derived from it.
 Also holds the procfs checks that tell a live env server from a reused pid. Imports the docker
@@ -16,9 +16,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from .gc_labels import LABEL_HOST, LABEL_KEY, LABEL_OWNER, LABEL_WORKFLOW, workflow_for_key
-from .paths import rollouts_home
-from .procs import pid_alive, read_state
+from durable_rollouts.gc.labels import LABEL_HOST, LABEL_KEY, LABEL_OWNER, LABEL_WORKFLOW, workflow_for_key
+from durable_rollouts.sdk.paths import rollouts_home
+from durable_rollouts.sdk.procs import pid_alive, read_state
 
 __all__ = ["substrates_dir"]
 

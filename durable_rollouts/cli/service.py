@@ -54,7 +54,7 @@ def _stop_event() -> asyncio.Event:
 
 async def run_server(out: Console, *, port: int | None, ui_port: int | None, headless: bool) -> int:
     """Run the embedded Temporal dev server in the foreground (reuse it if one already runs)."""
-    from ..sdk.temporal import ensure_dev_server, stop_dev_server
+    from durable_rollouts.temporal.connection import ensure_dev_server, stop_dev_server
 
     running = _running_server()
     if running is not None:
@@ -99,7 +99,7 @@ async def run_worker(
     """Poll ``task_queue`` until Ctrl-C/SIGTERM (or, with ``until_job``, until that job closed),
     sweeping orphaned substrates every ``gc_every_s`` seconds (0 = never)."""
     from ..worker import build_worker
-    from .jobs import connect
+    from durable_rollouts.temporal.jobs import connect
 
     if os.environ.get("ROLLOUTS_LOG_LEVEL"):  # e.g. INFO: one line per removed orphan
         logging.basicConfig(level=os.environ["ROLLOUTS_LOG_LEVEL"].upper())
@@ -135,15 +135,15 @@ async def run_worker(
 async def collect_garbage(
     out: Console, *, dry_run: bool, job: str | None, temporal: str | None, connect_timeout: float
 ) -> int:
-    """Remove substrates whose rollout is over (H7's ``sdk.gc``)."""
+    """Remove substrates whose rollout is over (``durable_rollouts.gc``)."""
     import importlib.util
 
     from ..errors import ConfigError
 
-    if importlib.util.find_spec("durable_rollouts.sdk.gc") is None:
+    if importlib.util.find_spec("durable_rollouts.gc") is None:
         raise ConfigError("orphan collection is not available in this installation")
-    from ..sdk import gc
-    from .jobs import connect
+    from durable_rollouts import gc
+    from durable_rollouts.temporal.jobs import connect
 
     client = None
     try:
@@ -202,8 +202,8 @@ async def wait_closed(
     from temporalio.client import WorkflowExecutionStatus
     from temporalio.service import RPCError
 
-    from .control import running_children
-    from .jobs import describe
+    from durable_rollouts.temporal.control import running_children
+    from durable_rollouts.temporal.jobs import describe
 
     loop = asyncio.get_running_loop()
     last_seen = loop.time()

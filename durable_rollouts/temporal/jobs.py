@@ -61,7 +61,7 @@ async def connect(address: str | None, timeout: float = 5.0) -> Client:
     Raises:
         ConfigError: a malformed address, or no Temporal answering there within ``timeout``.
     """
-    from ..sdk.temporal import connect_client, resolve_address
+    from durable_rollouts.temporal.connection import connect_client, resolve_address
 
     resolved = resolve_address(address)
     if resolved is not None and not _ADDRESS.match(resolved):

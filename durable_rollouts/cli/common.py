@@ -15,8 +15,8 @@ from typing import Annotated, Any, NoReturn
 
 import typer
 
-from .errors import ConfigError, DurableRolloutsError, ProtocolError, ReadyTimeoutError
-from .protocol import ErrorCode
+from durable_rollouts.errors import ConfigError, DurableRolloutsError, ProtocolError, ReadyTimeoutError
+from durable_rollouts.protocol import ErrorCode
 
 __all__ = [
     "ConnectTimeoutOption",
@@ -154,7 +154,7 @@ def _cancel_rest(loop: asyncio.AbstractEventLoop) -> bool:
 
 def json_option(raw: str | None, option: str) -> dict[str, Any]:
     """A JSON-object option (``{}`` when absent); malformed JSON exits 2 with one line."""
-    from .commands.specs import parse_json_object
+    from durable_rollouts.cli.specs import parse_json_object
 
     with cli_errors():
         return parse_json_object(raw, option)

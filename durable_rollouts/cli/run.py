@@ -1,6 +1,6 @@
 """``rollouts run``, ``resume``, ``worker`` and ``server``: argument parsing only.
 
-The bodies live in ``durable_rollouts.commands`` (imported lazily, so ``rollouts --help`` stays
+The bodies live in ``durable_rollouts.cli`` body modules (imported lazily, so ``rollouts --help`` stays
 fast). ``register(app)`` adds the commands to the ``rollouts`` typer app.
 """
 
@@ -10,7 +10,7 @@ from typing import Annotated
 
 import typer
 
-from .cli_common import (
+from durable_rollouts.cli.common import (
     ConnectTimeoutOption,
     JsonOption,
     TemporalOption,
@@ -88,7 +88,7 @@ def register(app: typer.Typer) -> None:
         ] = None,
         connect_timeout: ConnectTimeoutOption = 5.0,
     ) -> None:
-        from .commands.batch import RunOptions, run_batch
+        from durable_rollouts.cli.batch import RunOptions, run_batch
 
         opts = RunOptions(
             tasks=tasks,
@@ -148,7 +148,7 @@ def register(app: typer.Typer) -> None:
         configs. Without --only, every rollout that did not succeed is re-run. When nothing matches,
         says so and exits 0. Exit code otherwise as for `run`.
         """
-        from .commands.batch import resume_job
+        from durable_rollouts.cli.batch import resume_job
 
         drive(
             lambda out, err: resume_job(
@@ -211,7 +211,7 @@ def register(app: typer.Typer) -> None:
         In the background it removes orphaned substrates (leaked containers and env
         subprocesses whose rollout is over) every --gc-every seconds, first soon after start.
         """
-        from .commands.service import run_worker
+        from durable_rollouts.cli.service import run_worker
 
         drive(
             lambda out, err: run_worker(
@@ -247,6 +247,6 @@ def register(app: typer.Typer) -> None:
 
         Other commands without --temporal use it. If it is already running, prints its addresses.
         """
-        from .commands.service import run_server
+        from durable_rollouts.cli.service import run_server
 
         drive(lambda out, err: run_server(out, port=port, ui_port=ui_port, headless=headless))

@@ -24,11 +24,11 @@ from rich.console import Console
 from ..errors import ConfigError
 from ..sdk.paths import rollouts_home
 from ..workflows.types import DEFAULT_TASK_QUEUE
-from . import render
-from .jobs import JobView, connect, load_job
+from durable_rollouts.cli import render
+from durable_rollouts.temporal.jobs import JobView, connect, load_job
 from .progress import follow
-from .resume import plan_resume, start_resume
-from .select import parse_only
+from durable_rollouts.temporal.resume import plan_resume, start_resume
+from durable_rollouts.temporal.select import parse_only
 
 __all__ = ["RunOptions", "finish", "job_json", "resume_job", "run_batch", "ui_base", "write_export"]
 
@@ -54,7 +54,7 @@ class RunOptions:
 
 def ui_base(address: str | None) -> str | None:
     """The Web UI base url: ``$ROLLOUTS_TEMPORAL_UI``, else the embedded server's (when it is the one used)."""
-    from ..sdk.temporal import resolve_address
+    from durable_rollouts.temporal.connection import resolve_address
 
     explicit = os.environ.get("ROLLOUTS_TEMPORAL_UI")
     if explicit:
@@ -180,8 +180,8 @@ def write_export(view: JobView, output: str) -> int:
 
 async def run_batch(opts: RunOptions, out: Console, err: Console) -> int:
     from ..sdk.job import Job
-    from ..sdk.orchestrate import QUEUE_ENV, start_job
-    from ..sdk.temporal import resolve_address
+    from durable_rollouts.temporal.batches import QUEUE_ENV, start_job
+    from durable_rollouts.temporal.connection import resolve_address
     from ..sdk.validation import validate_batch
     from .specs import check_sources, load_agent_spec, load_tasks, parse_runtime
 
@@ -303,7 +303,7 @@ async def resume_job(
     worker: bool | None = None,
     connect_timeout: float = 5.0,
 ) -> int:
-    from ..sdk.temporal import resolve_address
+    from durable_rollouts.temporal.connection import resolve_address
     from .specs import add_cwd_to_path
 
     selectors = parse_only(only)

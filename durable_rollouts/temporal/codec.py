@@ -28,7 +28,7 @@ from temporalio.api.common.v1 import Payload
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.converter import DataConverter, PayloadCodec
 
-from .errors import ConfigError, DurableRolloutsError
+from durable_rollouts.errors import ConfigError, DurableRolloutsError
 
 __all__ = [
     "ENCRYPTED_ENCODING",

@@ -11,10 +11,10 @@ from typing import Any
 from rich.console import Console
 
 from ..errors import ConfigError
-from . import render
+from durable_rollouts.cli import render
 from .batch import job_json, ui_base, write_export
-from .control import cancel_job, list_jobs
-from .jobs import connect, load_job
+from durable_rollouts.temporal.control import cancel_job, list_jobs
+from durable_rollouts.temporal.jobs import connect, load_job
 
 __all__ = ["cancel", "export", "find_run", "jobs", "show", "trace"]
 

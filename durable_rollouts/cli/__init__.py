@@ -1,10 +1,10 @@
 """The ``rollouts`` command (typer): the entry point. Modules here only parse arguments.
 
-Commands: ``run``, ``resume``, ``worker``, ``server`` (``cli_batch``); ``jobs``, ``show``,
-``cancel``, ``export``, ``trace``, ``gc`` (``cli_inspect``); ``serve ENV.py`` and ``task
-list|start|grade`` (here) for checking an environment by hand. Their logic lives in
-``durable_rollouts.commands``. Every body runs under :func:`cli_errors` (or ``cli_common.drive``),
-so bad input ends as one ``error:`` line on stderr with exit code 2, never a traceback.
+Commands: ``run``, ``resume``, ``worker``, ``server`` (``cli.run``); ``jobs``, ``show``,
+``cancel``, ``export``, ``trace``, ``gc`` (``cli.inspect``); ``serve ENV.py`` and ``task
+list|start|grade`` (here) for checking an environment by hand. Their logic lives in the
+other ``durable_rollouts.cli`` modules and ``durable_rollouts.temporal``. Every body runs under
+:func:`cli_errors` (or ``cli.common.drive``), so bad input ends as one ``error:`` line on stderr with exit code 2, never a traceback.
 """
 
 from __future__ import annotations
@@ -18,9 +18,10 @@ from typing import Annotated, Any
 import typer
 from typer.exceptions import TyperException
 
-from . import cli_batch, cli_inspect
-from .cli_common import cli_errors, fail
-from .errors import ConfigError
+from durable_rollouts.cli import inspect as cli_inspect
+from durable_rollouts.cli import run as cli_batch
+from durable_rollouts.cli.common import cli_errors, fail
+from durable_rollouts.errors import ConfigError
 
 __all__ = ["URL_ENV_VAR", "app", "cli_errors", "fail", "main", "task_app"]
 
@@ -86,7 +87,7 @@ def serve(
     ] = None,
 ) -> None:
     """Serve an environment on one TCP port until Ctrl-C / SIGTERM."""
-    from .envserver.entry import run_serve
+    from durable_rollouts.envserver.entry import run_serve
 
     limits = {"max_connections": max_connections, "max_tasks": max_tasks}
     given = {name: value for name, value in limits.items() if value is not None}
@@ -97,7 +98,7 @@ def serve(
 
 
 async def _list(url: str, timeout: float) -> list[dict[str, Any]]:
-    from .sdk.client import connect
+    from durable_rollouts.sdk.client import connect
 
     async with await connect(url, ready_timeout=timeout, keepalive_s=None) as client:
         return await client.list_tasks()
@@ -121,7 +122,7 @@ def task_list(
 
 
 async def _start(url: str, task: str, args: dict[str, Any], timeout: float) -> tuple[str | None, dict[str, Any]]:
-    from .sdk.client import connect
+    from durable_rollouts.sdk.client import connect
 
     client = await connect(url, ready_timeout=timeout, keepalive_s=None)
     try:
@@ -150,7 +151,7 @@ def task_start(
 
 
 async def _grade(url: str, task: str, answer: str, session: str | None, timeout: float) -> dict[str, Any]:
-    from .sdk.client import connect
+    from durable_rollouts.sdk.client import connect
 
     client = await connect(url, ready_timeout=timeout, session_id=session, keepalive_s=None)
     try:

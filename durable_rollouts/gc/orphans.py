@@ -25,8 +25,8 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Literal
 
-from .gc_candidates import _Candidate, _candidates
-from .gc_labels import (
+from durable_rollouts.gc.candidates import _Candidate, _candidates
+from durable_rollouts.gc.labels import (
     LABEL_DEADLINE,
     LABEL_HOST,
     LABEL_KEY,

@@ -2,13 +2,13 @@
 
 Holds the two entry points and re-exports the public API of the modules that do the work:
 
-* :mod:`.gc_labels`: the owner labels every substrate carries (:func:`owner_labels`) and the
+* :mod:`.labels`: the owner labels every substrate carries (:func:`owner_labels`) and the
   workflow id a rollout key names (:func:`workflow_for_key`);
-* :mod:`.gc_candidates`: every labelled substrate this host can see (Docker containers by label,
+* :mod:`.candidates`: every labelled substrate this host can see (Docker containers by label,
   SubprocessRuntime children under :func:`substrates_dir`);
-* :mod:`.gc_orphans`: which of them outlived their rollout (:func:`find_orphans`, with the rules
+* :mod:`.orphans`: which of them outlived their rollout (:func:`find_orphans`, with the rules
   and the ``cautious`` ones of the sweep);
-* :mod:`.gc_removal`: removing them, each re-checked right before (:func:`collect`).
+* :mod:`.removal`: removing them, each re-checked right before (:func:`collect`).
 
 The CLI calls :func:`gc` (``rollouts gc [--dry-run]``) and prints :func:`format_orphans`; the
 worker runs :func:`sweep` (``rollouts worker --gc-every SECONDS``). Imports the docker SDK and
@@ -22,8 +22,8 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 # Besides the public API, a few internals stay importable from here (tests use them).
-from .gc_candidates import _Candidate, _candidates, substrates_dir  # noqa: F401
-from .gc_labels import (  # noqa: F401
+from durable_rollouts.gc.candidates import _Candidate, _candidates, substrates_dir  # noqa: F401
+from durable_rollouts.gc.labels import (  # noqa: F401
     LABEL_DEADLINE,
     LABEL_HOST,
     LABEL_JOB,
@@ -36,8 +36,8 @@ from .gc_labels import (  # noqa: F401
     server_id,
     workflow_for_key,
 )
-from .gc_orphans import NOT_FOUND, Orphan, _cautious_reason, find_orphans  # noqa: F401
-from .gc_removal import LOCK_WAIT_S, _remove_checked, collect  # noqa: F401
+from durable_rollouts.gc.orphans import NOT_FOUND, Orphan, _cautious_reason, find_orphans  # noqa: F401
+from durable_rollouts.gc.removal import LOCK_WAIT_S, _remove_checked, collect  # noqa: F401
 
 if TYPE_CHECKING:
     from temporalio.client import Client
@@ -77,7 +77,7 @@ async def gc(temporal: Any = None, *, dry_run: bool = False, prefix: str = "") -
     """
     from temporalio.client import Client as _Client
 
-    from .temporal import connect_client
+    from durable_rollouts.temporal.connection import connect_client
 
     client = temporal if isinstance(temporal, _Client) else await connect_client(temporal)
     return await collect(client, dry_run=dry_run, prefix=prefix)

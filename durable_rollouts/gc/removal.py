@@ -19,9 +19,9 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .gc_candidates import _is_env_server
-from .gc_orphans import Orphan, _workflow_closed, find_orphans
-from .procs import read_state
+from durable_rollouts.gc.candidates import _is_env_server
+from durable_rollouts.gc.orphans import Orphan, _workflow_closed, find_orphans
+from durable_rollouts.sdk.procs import read_state
 
 if TYPE_CHECKING:
     from temporalio.client import Client
@@ -128,7 +128,7 @@ async def collect(
         client: Temporal client for the workflow check (see :func:`find_orphans`).
         dry_run: only list what would be removed.
         prefix: only substrates whose rollout key starts with this.
-        cautious: the background sweep's stricter rules (:mod:`.gc_orphans`).
+        cautious: the background sweep's stricter rules (:mod:`.orphans`).
 
     Returns:
         The orphans found (less those in use again by the time of removal); ``removed`` is

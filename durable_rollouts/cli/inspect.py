@@ -1,6 +1,6 @@
 """``rollouts jobs``, ``show``, ``cancel``, ``export``, ``trace`` and ``gc``: argument parsing only.
 
-The bodies live in ``durable_rollouts.commands``; ``register(app)`` adds the commands.
+The bodies live in ``durable_rollouts.cli`` body modules; ``register(app)`` adds the commands.
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from typing import Annotated
 
 import typer
 
-from .cli_common import ConnectTimeoutOption, JsonOption, TemporalOption, drive
+from durable_rollouts.cli.common import ConnectTimeoutOption, JsonOption, TemporalOption, drive
 
 __all__ = ["register"]
 
@@ -38,7 +38,7 @@ def register(app: typer.Typer) -> None:
         connect_timeout: ConnectTimeoutOption = 5.0,
     ) -> None:
         """List recent jobs, newest first (from Temporal visibility)."""
-        from .commands.inspect import jobs as list_jobs
+        from durable_rollouts.cli.views import jobs as list_jobs
 
         drive(
             lambda out, err: list_jobs(
@@ -66,7 +66,7 @@ def register(app: typer.Typer) -> None:
         connect_timeout: ConnectTimeoutOption = 5.0,
     ) -> None:
         """Show a job: per-task summary, every rollout's status/reward/attempts/error, zero-spread groups."""
-        from .commands.inspect import show as show_job
+        from durable_rollouts.cli.views import show as show_job
 
         drive(
             lambda out, err: show_job(
@@ -89,7 +89,7 @@ def register(app: typer.Typer) -> None:
         connect_timeout: ConnectTimeoutOption = 5.0,
     ) -> None:
         """Cancel a running job; every started rollout still tears its substrate down."""
-        from .commands.inspect import cancel as cancel_job
+        from durable_rollouts.cli.views import cancel as cancel_job
 
         drive(
             lambda out, err: cancel_job(
@@ -118,7 +118,7 @@ def register(app: typer.Typer) -> None:
         Fields: job_id, rollout_id, slug, task_id, env, args, group_id, group_index, status, reward,
         grade, attempts, error, error_phase, prompt, answer, trace.
         """
-        from .commands.inspect import export as export_job
+        from durable_rollouts.cli.views import export as export_job
 
         drive(
             lambda out, err: export_job(
@@ -148,7 +148,7 @@ def register(app: typer.Typer) -> None:
         connect_timeout: ConnectTimeoutOption = 5.0,
     ) -> None:
         """Print one rollout's trace: prompt, every step, the answer and the grade."""
-        from .commands.inspect import trace as trace_run
+        from durable_rollouts.cli.views import trace as trace_run
 
         drive(
             lambda out, err: trace_run(
@@ -180,7 +180,7 @@ def register(app: typer.Typer) -> None:
         connect_timeout: ConnectTimeoutOption = 5.0,
     ) -> None:
         """Remove substrates (containers, env processes) whose rollout is over."""
-        from .commands.service import collect_garbage
+        from durable_rollouts.cli.service import collect_garbage
 
         drive(
             lambda out, err: collect_garbage(

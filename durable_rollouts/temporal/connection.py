@@ -33,7 +33,7 @@ from pathlib import Path
 
 from temporalio.client import Client
 
-from durable_rollouts.codec import data_converter
+from durable_rollouts.temporal.codec import data_converter
 from durable_rollouts.errors import ConfigError
 from durable_rollouts.sdk.paths import rollouts_home
 from durable_rollouts.sdk.procs import pid_alive
@@ -235,7 +235,7 @@ def resolve_address(address: str | None = None) -> str | None:
 async def connect_client(address: str | None = None, *, namespace: str = "default") -> Client:
     """Connect with the pydantic converter; no address -> the embedded dev server.
 
-    With ``ROLLOUTS_PAYLOAD_KEY`` set, payloads are encrypted (``durable_rollouts.codec``); workers
+    With ``ROLLOUTS_PAYLOAD_KEY`` set, payloads are encrypted (``durable_rollouts.temporal.codec``); workers
     built on this client decrypt with the same key list.
     """
     address = resolve_address(address)
