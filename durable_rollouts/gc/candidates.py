@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from durable_rollouts.gc.labels import LABEL_HOST, LABEL_KEY, LABEL_OWNER, LABEL_WORKFLOW, workflow_for_key
+from durable_rollouts.sdk.labels import LABEL_HOST, LABEL_KEY, LABEL_OWNER, LABEL_WORKFLOW, workflow_for_key
 from durable_rollouts.sdk.paths import rollouts_home
 from durable_rollouts.sdk.procs import pid_alive, read_state
 

@@ -26,7 +26,7 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Literal
 
 from durable_rollouts.gc.candidates import _Candidate, _candidates
-from durable_rollouts.gc.labels import (
+from durable_rollouts.sdk.labels import (
     LABEL_DEADLINE,
     LABEL_HOST,
     LABEL_KEY,

