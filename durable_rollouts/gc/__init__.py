@@ -11,15 +11,15 @@ Holds the two entry points and re-exports the public API of the modules that do 
 * :mod:`.removal`: removing them, each re-checked right before (:func:`collect`).
 
 The CLI calls :func:`gc` (``rollouts gc [--dry-run]``) and prints :func:`format_orphans`; the
-worker runs :func:`sweep` (``rollouts worker --gc-every SECONDS``). Imports the docker SDK and
-temporalio lazily; never imports workflows or activities.
+worker runs :func:`sweep` (``rollouts worker --gc-every SECONDS``). Reaches Temporal only
+through ``durable_rollouts.temporal`` (it never imports temporalio, workflows or activities).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 # Besides the public API, a few internals stay importable from here (tests use them).
 from durable_rollouts.gc.candidates import _Candidate, _candidates, substrates_dir  # noqa: F401
@@ -39,8 +39,7 @@ from durable_rollouts.sdk.labels import (  # noqa: F401
 from durable_rollouts.gc.orphans import NOT_FOUND, Orphan, _cautious_reason, find_orphans  # noqa: F401
 from durable_rollouts.gc.removal import LOCK_WAIT_S, _remove_checked, collect  # noqa: F401
 
-if TYPE_CHECKING:
-    from temporalio.client import Client
+Client = Any  # a temporalio Client
 
 __all__ = [
     "LABEL_DEADLINE",
@@ -75,11 +74,9 @@ async def gc(temporal: Any = None, *, dry_run: bool = False, prefix: str = "") -
         dry_run: only list what would be removed.
         prefix: only substrates whose rollout key starts with this.
     """
-    from temporalio.client import Client as _Client
+    from durable_rollouts.temporal.connection import as_client
 
-    from durable_rollouts.temporal.connection import connect_client
-
-    client = temporal if isinstance(temporal, _Client) else await connect_client(temporal)
+    client = await as_client(temporal)
     return await collect(client, dry_run=dry_run, prefix=prefix)
 
 

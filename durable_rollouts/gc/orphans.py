@@ -13,7 +13,8 @@ A substrate is an orphan when
 running and leaves a container labelled with another Temporal server to that server's workers.
 "Workflow not found" counts only for a container labelled with its own server, or once the owner
 is gone: a substrate on this host (same Docker engine or ``$ROLLOUTS_HOME``) may belong to another
-server. A deadline alone does not count there. Imports temporalio lazily.
+server. A deadline alone does not count there. Temporal is asked through
+``durable_rollouts.temporal.jobs.workflow_closed``; gc itself never imports temporalio.
 """
 
 from __future__ import annotations
@@ -22,8 +23,7 @@ import asyncio
 import socket
 import time
 from dataclasses import dataclass, field
-from datetime import timedelta
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any
 
 from durable_rollouts.gc.candidates import _Candidate, _candidates
 from durable_rollouts.sdk.labels import (
@@ -35,14 +35,11 @@ from durable_rollouts.sdk.labels import (
     server_id,
     workflow_for_key,
 )
+from durable_rollouts.temporal.jobs import NOT_FOUND, workflow_closed
 
-if TYPE_CHECKING:
-    from temporalio.client import Client
+Client = Any  # a temporalio Client (durable_rollouts.temporal.connection.connect_client)
 
 __all__ = ["NOT_FOUND", "Orphan", "find_orphans"]
-
-NOT_FOUND = "workflow not found"
-
 
 @dataclass
 class Orphan:
@@ -58,21 +55,7 @@ class Orphan:
 
 async def _workflow_closed(client: Client, workflow_id: str) -> str | None:
     """Why the workflow no longer needs its substrate, or None while it is running."""
-    from temporalio.client import WorkflowExecutionStatus
-    from temporalio.service import RPCError, RPCStatusCode
-
-    try:
-        desc = await client.get_workflow_handle(workflow_id).describe(
-            rpc_timeout=timedelta(seconds=10)
-        )
-    except RPCError as exc:
-        if exc.status == RPCStatusCode.NOT_FOUND:
-            return NOT_FOUND
-        raise
-    if desc.status == WorkflowExecutionStatus.RUNNING:
-        return None
-    status = desc.status.name.lower() if desc.status is not None else "closed"
-    return f"workflow {status}"
+    return await workflow_closed(client, workflow_id)
 
 
 def _foreign(cand: _Candidate, client: Client) -> bool:

@@ -17,14 +17,13 @@ import signal
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Any
 
 from durable_rollouts.gc.candidates import _is_env_server
 from durable_rollouts.gc.orphans import Orphan, _workflow_closed, find_orphans
 from durable_rollouts.sdk.procs import read_state
 
-if TYPE_CHECKING:
-    from temporalio.client import Client
+Client = Any  # a temporalio Client
 
 __all__ = ["LOCK_WAIT_S", "collect"]
 

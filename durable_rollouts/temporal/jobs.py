@@ -14,7 +14,7 @@ import asyncio
 import contextlib
 import re
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from temporalio.client import Client, WorkflowExecutionStatus
@@ -40,8 +40,11 @@ __all__ = [
     "load_results",
     "read_input",
     "status_name",
+    "workflow_closed",
     "workflow_ids",
 ]
+
+NOT_FOUND = "workflow not found"
 
 _ADDRESS = re.compile(r"^[\w.\-\[\]:]+:\d{1,5}$")
 _CHILD_LOOKUPS = 32  # concurrent describe/result calls when reading children
@@ -184,6 +187,23 @@ async def describe(client: Client, wf_id: str) -> Any | None:
         if err.status == RPCStatusCode.NOT_FOUND:
             return None
         raise
+
+
+async def workflow_closed(client: Client, workflow_id: str) -> str | None:
+    """Why workflow ``workflow_id`` is over (``workflow completed``, ``workflow not found``, ...),
+    or None while it runs (gc asks this of every labelled substrate)."""
+    try:
+        desc = await client.get_workflow_handle(workflow_id).describe(
+            rpc_timeout=timedelta(seconds=10)
+        )
+    except RPCError as exc:
+        if exc.status == RPCStatusCode.NOT_FOUND:
+            return NOT_FOUND
+        raise
+    if desc.status == WorkflowExecutionStatus.RUNNING:
+        return None
+    status = desc.status.name.lower() if desc.status is not None else "closed"
+    return f"workflow {status}"
 
 
 async def _child_result(
