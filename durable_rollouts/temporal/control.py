@@ -16,8 +16,7 @@ from temporalio.client import Client, WorkflowExecutionStatus
 from temporalio.service import RPCError
 
 from ..errors import ConfigError
-from ..workflows import workflow_id
-from .jobs import describe, status_name, workflow_ids
+from .jobs import batch_descriptions, describe, status_name, workflow_ids
 
 __all__ = ["CancelOutcome", "JobSummary", "cancel_job", "list_jobs", "running_children", "wait_closed"]
 
@@ -132,12 +131,9 @@ async def cancel_job(client: Client, job_id: str, *, wait_s: float = 60.0) -> Ca
     running: list[str] = []
     found = None
     for candidate in workflow_ids(job_id):
-        index = 0
-        while (desc := await describe(client, workflow_id(candidate, index))) is not None:
-            if desc.status == WorkflowExecutionStatus.RUNNING:
-                running.append(desc.id)
-            index += 1
-        if index:
+        descs = await batch_descriptions(client, candidate)
+        running = [d.id for d in descs if d.status == WorkflowExecutionStatus.RUNNING]
+        if descs:
             found = candidate
             break
     if found is None:
@@ -172,11 +168,7 @@ async def wait_closed(
     last_seen = loop.time()
     while True:
         try:
-            states = []
-            index = 0
-            while (desc := await describe(client, workflow_id(job_id, index))) is not None:
-                states.append(desc.status)
-                index += 1
+            states = [desc.status for desc in await batch_descriptions(client, job_id)]
             if (
                 states
                 and WorkflowExecutionStatus.RUNNING not in states

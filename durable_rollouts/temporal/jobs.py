@@ -1,5 +1,7 @@
 """Read jobs through Temporal: connect, find a job's batches, collect one result per rollout.
 
+The one reader of jobs: ``Taskset.run``/``get_job`` (``temporal.batches``) and every CLI view use it.
+
 A job is one or more ``TasksetRun`` batches (workflow ids ``job-<id>``, ``job-<id>-b<n>``). A
 batch's results are read from its workflow result when it completed, else from its ``Rollout``
 children (one workflow per stable rollout id, so the latest run of that id is the latest result
@@ -38,7 +40,9 @@ __all__ = [
     "describe",
     "load_job",
     "load_results",
+    "batch_descriptions",
     "read_input",
+    "run_from_result",
     "status_name",
     "workflow_closed",
     "workflow_ids",
@@ -286,7 +290,7 @@ async def _batch(client: Client, job_id: str, index: int, desc: Any, traces: boo
         rid = rollout_id(job_id, task.slug, gi, inp.batch_index)
         value = by_id.pop(rid, None)
         if isinstance(value, RolloutResult):
-            runs.append(_run(value, task, job_id, store if traces else None))
+            runs.append(run_from_result(value, task, job_id, store if traces else None))
         elif value == "running":
             runs.append(
                 _placeholder(
@@ -314,7 +318,7 @@ async def _batch(client: Client, job_id: str, index: int, desc: Any, traces: boo
             )
     for value in by_id.values():  # results whose id matches no slot (should not happen): keep them
         if isinstance(value, RolloutResult):
-            runs.append(_run(value, None, job_id, store if traces else None))
+            runs.append(run_from_result(value, None, job_id, store if traces else None))
     memo: dict[str, Any] = {}
     with contextlib.suppress(Exception):
         memo = await desc.memo()
@@ -333,7 +337,9 @@ async def _batch(client: Client, job_id: str, index: int, desc: Any, traces: boo
     )
 
 
-def _run(result: RolloutResult, task: Task | None, job_id: str, store: TraceStore | None) -> Run:
+def run_from_result(result: RolloutResult, task: Task | None, job_id: str,
+                    store: TraceStore | None) -> Run:
+    """A Run from a compact result, its trace (and prompt) loaded from ``store`` when given."""
     trace = None
     if store is not None and result.trace_ref is not None:
         with contextlib.suppress(OSError, ValueError):
@@ -345,6 +351,14 @@ def _run(result: RolloutResult, task: Task | None, job_id: str, store: TraceStor
     return run
 
 
+async def batch_descriptions(client: Client, job_id: str) -> list[Any]:
+    """The current run of every batch of ``job_id`` (``describe()`` results, batch 0 first)."""
+    found = []
+    while (desc := await describe(client, workflow_id(job_id, len(found)))) is not None:
+        found.append(desc)
+    return found
+
+
 async def load_job(client: Client, job_id: str, *, traces: bool = False) -> JobView:
     """Every batch of ``job_id`` with one Run per rollout (traces loaded when ``traces``).
 
@@ -352,14 +366,8 @@ async def load_job(client: Client, job_id: str, *, traces: bool = False) -> JobV
         ConfigError: no job with that id.
     """
     for candidate in workflow_ids(job_id):
-        batches: list[BatchView] = []
-        index = 0
-        while True:
-            desc = await describe(client, workflow_id(candidate, index))
-            if desc is None:
-                break
-            batches.append(await _batch(client, candidate, index, desc, traces))
-            index += 1
+        descs = await batch_descriptions(client, candidate)
+        batches = [await _batch(client, candidate, i, d, traces) for i, d in enumerate(descs)]
         if batches:
             return JobView(job_id=candidate, batches=batches)
     raise ConfigError(f"no job with id {job_id!r} (list recent jobs with `rollouts jobs`)")
