@@ -45,7 +45,7 @@ __all__ = ["NOT_FOUND", "Orphan", "find_orphans"]
 class Orphan:
     """One substrate that outlived its rollout."""
 
-    kind: Literal["docker", "subprocess"]
+    kind: str  # the provider kind that placed it (``DurableProvider.kind``)
     key: str
     reason: str
     workflow_id: str = ""
@@ -71,8 +71,8 @@ async def _reason(
     deadline = cand.labels.get(LABEL_DEADLINE, "")
     if deadline and float(deadline) < now:
         return "run deadline passed"
-    if cand.kind == "subprocess" and not cand.alive:
-        return "process already dead"
+    if cand.dead:
+        return cand.dead
     if workflow_id and client is not None:
         if _foreign(cand, client):
             return None  # another Temporal server's: this one cannot tell
@@ -92,8 +92,8 @@ async def _cautious_reason(cand: _Candidate, workflow_id: str, client: Client | 
         closed = await _workflow_closed(client, workflow_id)
         if closed != NOT_FOUND or cand.labels.get(LABEL_TEMPORAL):
             return closed  # None while running
-    if cand.kind == "subprocess" and not cand.alive:
-        return "process already dead"
+    if cand.dead:
+        return cand.dead
     if cand.owner_gone:
         return f"{NOT_FOUND} and owner process gone" if workflow_id else "owner process gone"
     return None
