@@ -139,7 +139,7 @@ class RolloutActivities:
     async def agent(self, inp: AgentInput) -> AgentResult:
         with map_errors():
             result = await self._beating(
-                steps.run_agent(inp, heartbeat=activity.heartbeat, trace_store=self.trace_store))
+                steps.run_agent(inp, trace_store=self.trace_store))  # _beating heartbeats
         return result
 
     @activity.defn(name=ACT_GRADE)
