@@ -114,6 +114,16 @@ _KEYS = {name: SearchAttributeKey.for_keyword(name) for name in (
     "RolloutsJobId", "RolloutsJobName", "RolloutsTaskset", "RolloutsAgent", "RolloutsStatus")}
 
 
+def _search_attributes(job_id: str, name: str, taskset: str, agent: str) -> TypedSearchAttributes:
+    return TypedSearchAttributes([
+        SearchAttributePair(_KEYS["RolloutsJobId"], job_id),
+        SearchAttributePair(_KEYS["RolloutsJobName"], name),
+        SearchAttributePair(_KEYS["RolloutsTaskset"], taskset),
+        SearchAttributePair(_KEYS["RolloutsAgent"], agent),
+        SearchAttributePair(_KEYS["RolloutsStatus"], "running"),
+    ])
+
+
 @dataclass
 class JobHandle:
     """A started batch: query its progress, wait for it, cancel it."""
@@ -204,15 +214,7 @@ async def start_job(taskset: Any, agent: Any, *, runtime: Any, group: int | None
         **({"max_history_events": max_history_events, "flush_results_over": 0}
            if max_history_events else {}),
     )
-    attrs = None
-    if attrs_ok:
-        attrs = TypedSearchAttributes([
-            SearchAttributePair(_KEYS["RolloutsJobId"], job.id),
-            SearchAttributePair(_KEYS["RolloutsJobName"], name),
-            SearchAttributePair(_KEYS["RolloutsTaskset"], taskset.name),
-            SearchAttributePair(_KEYS["RolloutsAgent"], agent_spec.path),
-            SearchAttributePair(_KEYS["RolloutsStatus"], "running"),
-        ])
+    attrs = _search_attributes(job.id, name, taskset.name, agent_spec.path) if attrs_ok else None
     handle = await client.start_workflow(
         TasksetRun.run, inp, id=workflow_id(job.id, batch_index), task_queue=queue,
         search_attributes=attrs, memo={"job_name": name, "taskset": taskset.name, "group": group},

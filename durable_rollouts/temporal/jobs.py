@@ -259,11 +259,10 @@ def _placeholder(
     )
 
 
-async def _batch(client: Client, job_id: str, index: int, desc: Any, traces: bool) -> BatchView:
-    inp: TasksetRunInput = await read_input(client, desc.id, desc.run_id, TasksetRunInput)
-    rows = batch_rows(inp)
-    status = status_name(desc.status)
-    closed = status != "running"
+async def _latest_by_rollout(client: Client, job_id: str, desc: Any, inp: TasksetRunInput,
+                             rows: list[Task]) -> dict[str, RolloutResult | str | None]:
+    """Rollout id -> its latest result, ``"running"``, a closed child's status, or None: from the
+    batch result when the batch completed, else from its Rollout children."""
     by_id: dict[str, RolloutResult | str | None]
     if desc.status == WorkflowExecutionStatus.COMPLETED:
         res = await client.get_workflow_handle_for(
@@ -283,14 +282,20 @@ async def _batch(client: Client, job_id: str, index: int, desc: Any, traces: boo
             rid: (value if value is not None else carried.get(rid))
             for rid, value in zip(ids, found)
         }
-    store = TraceStore()
+    return by_id
+
+
+def _runs(job_id: str, inp: TasksetRunInput, rows: list[Task], closed: bool,
+          by_id: dict[str, RolloutResult | str | None], store: TraceStore | None) -> list[Run]:
+    """One Run per slot (row, group index) in expansion order; placeholders for rollouts
+    without a result; then any result that matches no slot."""
     runs: list[Run] = []
     for row, gi in _slots(rows, inp.group):
         task = rows[row]
         rid = rollout_id(job_id, task.slug, gi, inp.batch_index)
         value = by_id.pop(rid, None)
         if isinstance(value, RolloutResult):
-            runs.append(run_from_result(value, task, job_id, store if traces else None))
+            runs.append(run_from_result(value, task, job_id, store))
         elif value == "running":
             runs.append(
                 _placeholder(
@@ -318,7 +323,16 @@ async def _batch(client: Client, job_id: str, index: int, desc: Any, traces: boo
             )
     for value in by_id.values():  # results whose id matches no slot (should not happen): keep them
         if isinstance(value, RolloutResult):
-            runs.append(run_from_result(value, None, job_id, store if traces else None))
+            runs.append(run_from_result(value, None, job_id, store))
+    return runs
+
+
+async def _batch(client: Client, job_id: str, index: int, desc: Any, traces: bool) -> BatchView:
+    inp: TasksetRunInput = await read_input(client, desc.id, desc.run_id, TasksetRunInput)
+    rows = batch_rows(inp)
+    status = status_name(desc.status)
+    by_id = await _latest_by_rollout(client, job_id, desc, inp, rows)
+    runs = _runs(job_id, inp, rows, status != "running", by_id, TraceStore() if traces else None)
     memo: dict[str, Any] = {}
     with contextlib.suppress(Exception):
         memo = await desc.memo()

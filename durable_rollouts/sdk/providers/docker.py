@@ -38,6 +38,7 @@ from .base import (
     merge_config,
     probe_ready,
 )
+from .docker_substrates import force_remove, labelled_containers
 
 __all__ = ["DockerRuntime", "container_name"]
 
@@ -397,15 +398,11 @@ class DockerRuntime(DurableProvider):
     @classmethod
     def list_substrates(cls) -> list[Substrate]:
         """The containers labelled ``durable-rollouts.key`` on this engine."""
-        from .docker_substrates import labelled_containers
-
         return labelled_containers()
 
     @classmethod
     async def reap(cls, substrate: Substrate, confirm: Callable[[], Awaitable[bool]]) -> bool:
         """Force-remove the container once ``confirm()`` agrees (containers have no lock)."""
-        from .docker_substrates import force_remove
-
         if not await confirm():
             return False
         await asyncio.to_thread(force_remove, substrate.handle["id"])
