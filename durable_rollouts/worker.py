@@ -99,7 +99,7 @@ def build_worker(client: Client, *, task_queue: str = DEFAULT_TASK_QUEUE, host_q
     """Build (not start) the worker for ``client``.
 
     Args:
-        client: a client made with the pydantic data converter (``sdk.temporal.connect_client``).
+        client: a client made with the pydantic data converter (``temporal.connection.connect_client``).
         task_queue: the shared queue (workflows and global-locality steps).
         host_queue: this host's queue for host-local substrates; None = ``task_queue``
             (single-host mode, which keeps eager activity dispatch); ``"auto"`` = ``<queue>@<host>``.

@@ -2,7 +2,8 @@
 
 ``resolve_task`` is the lazy-resolution hook: the orchestrators call it once per *group*, so
 every rollout of a group binds the same resolved task. ``run`` delegates to the durable
-orchestrator (imported lazily, so importing this module never loads Temporal).
+executor ``durable_rollouts.temporal.batches`` (looked up by name on use: sdk never imports the
+Temporal layer, and importing this module never loads Temporal).
 """
 
 from __future__ import annotations
