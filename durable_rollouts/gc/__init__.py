@@ -44,14 +44,8 @@ from durable_rollouts.gc.removal import _remove_checked, collect  # noqa: F401
 
 Client = Any  # a temporalio Client
 
+# The LABEL_* names and owner_labels stay importable from here; sdk.labels owns them.
 __all__ = [
-    "LABEL_DEADLINE",
-    "LABEL_HOST",
-    "LABEL_JOB",
-    "LABEL_KEY",
-    "LABEL_OWNER",
-    "LABEL_TEMPORAL",
-    "LABEL_WORKFLOW",
     "Orphan",
     "collect",
     "find_orphans",

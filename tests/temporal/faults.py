@@ -21,23 +21,15 @@ from typing import Any
 from temporalio import activity
 from temporalio.worker import ActivityInboundInterceptor, ExecuteActivityInput, Interceptor
 
-from durable_rollouts.workflows.types import (
-    ACT_AGENT,
-    ACT_CONNECT,
-    ACT_GRADE,
-    ACT_PROVISION,
-    ACT_START,
-    ACT_TEARDOWN,
-    ACT_VERIFY,
-)
+from durable_rollouts.workflows import types as wf
 
 __all__ = ["AFTER", "BEFORE", "FaultInterceptor", "maybe_crash"]
 
 # activity name -> the point reached once it returned / before it runs
-AFTER = {ACT_PROVISION: "after_provision", ACT_CONNECT: "after_connect", ACT_START: "after_start",
-         ACT_AGENT: "after_agent", ACT_GRADE: "after_grade", ACT_VERIFY: "after_verify",
-         ACT_TEARDOWN: "after_teardown"}
-BEFORE = {ACT_TEARDOWN: "before_teardown"}
+AFTER = {wf.ACT_PROVISION: "after_provision", wf.ACT_CONNECT: "after_connect",
+         wf.ACT_START: "after_start", wf.ACT_AGENT: "after_agent", wf.ACT_GRADE: "after_grade",
+         wf.ACT_VERIFY: "after_verify", wf.ACT_TEARDOWN: "after_teardown"}
+BEFORE = {wf.ACT_TEARDOWN: "before_teardown"}
 
 
 def maybe_crash(point: str) -> None:
