@@ -2,7 +2,11 @@
 # Build the registry-free base images for durable-rollouts. Nothing is pulled from a registry:
 # the OS comes from Debian's package mirror (debootstrap), Python packages from the host's pip.
 #
-#   docker/make-base-image.sh [--force] [--os-only]
+#   docker/make-base-image.sh [--force] [--os-only] [--mirror URL]
+#
+# The Debian mirror is --mirror, else $ROLLOUTS_DEBIAN_MIRROR, else the one this machine's apt
+# uses (the first `deb` source for a plain suite in /etc/apt/sources.list or the deb822 files
+# /etc/apt/sources.list.d/*.sources); no mirror host is written in this repository.
 #
 # 1. OS image   ($ROLLOUTS_OS_IMAGE, default durable-rollouts-os:bookworm)
 #    debootstrap --variant=minbase bookworm + python3 + python3-venv, made an image with
@@ -21,24 +25,59 @@ repo="$(cd "$here/.." && pwd)"
 os_image="${ROLLOUTS_OS_IMAGE:-durable-rollouts-os:bookworm}"
 base_image="${ROLLOUTS_BASE_IMAGE:-durable-rollouts-base:latest}"
 suite="${ROLLOUTS_DEBIAN_SUITE:-bookworm}"
-mirror="${ROLLOUTS_DEBIAN_MIRROR:-http://deb.debian.org/debian}"
+mirror="${ROLLOUTS_DEBIAN_MIRROR:-}"
 requirements="${ROLLOUTS_ENV_REQUIREMENTS:-pydantic>=2.10,<3}"
 python="${PYTHON:-python3}"
 force=0
 os_only=0
-for arg in "$@"; do
-  case "$arg" in
+while [[ $# -gt 0 ]]; do
+  case "$1" in
     --force) force=1 ;;
     --os-only) os_only=1 ;;
-    -h|--help) sed -n '2,18p' "$0"; exit 0 ;;
-    *) echo "make-base-image.sh: unknown argument: $arg" >&2; exit 2 ;;
+    --mirror) [[ $# -ge 2 ]] || { echo "make-base-image.sh: --mirror needs a URL" >&2; exit 2; }
+              mirror="$2"; shift ;;
+    --mirror=*) mirror="${1#--mirror=}" ;;
+    -h|--help) sed -n '2,22p' "$0"; exit 0 ;;
+    *) echo "make-base-image.sh: unknown argument: $1" >&2; exit 2 ;;
   esac
+  shift
 done
+
+# The mirror apt already uses for the plain suite (not -security/-updates/-backports).
+apt_mirror() {
+  local line
+  if [[ -f /etc/apt/sources.list ]]; then
+    while read -r line; do
+      # deb [options] URI SUITE COMPONENTS...
+      set -- $line
+      [[ "${1:-}" == deb ]] || continue
+      shift
+      [[ "${1:-}" == \[* ]] && while [[ $# -gt 0 && "$1" != *\] ]]; do shift; done && shift
+      [[ $# -ge 2 && "$2" != *-* ]] && { echo "${1%/}"; return 0; }
+    done < <(sed 's/#.*//' /etc/apt/sources.list)
+  fi
+  local f
+  for f in /etc/apt/sources.list.d/*.sources; do
+    [[ -f "$f" ]] || continue
+    # deb822 stanzas: Types / URIs / Suites, separated by blank lines
+    awk 'BEGIN { RS=""; FS="\n" }
+         { types=""; uris=""; suites=""
+           for (i = 1; i <= NF; i++) {
+             if ($i ~ /^Types:/) types=$i; if ($i ~ /^URIs:/) uris=$i; if ($i ~ /^Suites:/) suites=$i }
+           if (types ~ /(^|[ \t])deb([ \t]|$)/ && suites ~ /:[ \t]*[a-z]+([ \t]|$)/) {
+             sub(/^URIs:[ \t]*/, "", uris); split(uris, u, /[ \t]+/); sub(/\/$/, "", u[1]); print u[1]; exit } }' "$f" \
+      | grep -m1 . && return 0
+  done
+  return 1
+}
 
 have_image() { docker image inspect "$1" >/dev/null 2>&1; }
 
 if [[ $force == 1 ]] || ! have_image "$os_image"; then
   command -v debootstrap >/dev/null || { echo "make-base-image.sh: needs debootstrap (apt-get install -y debootstrap)" >&2; exit 2; }
+  [[ -n "$mirror" ]] || mirror="$(apt_mirror)" || {
+    echo "make-base-image.sh: no Debian mirror in /etc/apt; pass --mirror URL (or set ROLLOUTS_DEBIAN_MIRROR)" >&2; exit 2; }
+  echo "==> Debian mirror: $mirror"
   root="$(mktemp -d /var/tmp/rollouts-rootfs.XXXXXX)"
   trap 'rm -rf "$root"' EXIT
   echo "==> debootstrap $suite into $root"

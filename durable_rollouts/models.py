@@ -34,6 +34,7 @@ __all__ = [
     "RuntimeConfig",
     "Session",
     "Step",
+    "StrictModel",
     "SubScore",
     "Task",
     "TaskCall",
@@ -43,8 +44,13 @@ __all__ = [
 ]
 
 
-class _Model(BaseModel):
+class StrictModel(BaseModel):
+    """The base of every boundary model: unknown fields are an error."""
+
     model_config = ConfigDict(extra="forbid")
+
+
+_Model = StrictModel
 
 
 # ---------------------------------------------------------------------------------------------

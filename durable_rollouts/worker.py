@@ -20,13 +20,15 @@ import os
 import signal
 import socket
 from datetime import timedelta
+from collections.abc import Sequence
 from typing import Any, Self
 
 from temporalio.client import Client
-from temporalio.worker import Worker
+from temporalio.worker import Interceptor, Worker
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
 
 from durable_rollouts.activities import Queues, RolloutActivities, TasksetActivities
+from durable_rollouts.activities.owner import OwnerInterceptor
 from durable_rollouts.release import worker_identity
 from durable_rollouts.sdk.tracestore import TraceStore
 from durable_rollouts.workflows import Rollout, TasksetRun
@@ -93,11 +95,12 @@ def build_worker(client: Client, *, task_queue: str = DEFAULT_TASK_QUEUE, host_q
                  process_queue: str | None = None, max_concurrent_activities: int = 500,
                  max_concurrent_workflow_tasks: int | None = None, trace_store: TraceStore | None = None,
                  sandbox: bool | None = None, identity: str | None = None,
-                 graceful_shutdown_s: float = 5.0, gc_every_s: float = 0.0) -> RolloutWorker:
+                 graceful_shutdown_s: float = 5.0, gc_every_s: float = 0.0,
+                 interceptors: Sequence[Interceptor] = ()) -> RolloutWorker:
     """Build (not start) the worker for ``client``.
 
     Args:
-        client: a client made with the pydantic data converter (``sdk.temporal.connect_client``).
+        client: a client made with the pydantic data converter (``temporal.connection.connect_client``).
         task_queue: the shared queue (workflows and global-locality steps).
         host_queue: this host's queue for host-local substrates; None = ``task_queue``
             (single-host mode, which keeps eager activity dispatch); ``"auto"`` = ``<queue>@<host>``.
@@ -111,6 +114,8 @@ def build_worker(client: Client, *, task_queue: str = DEFAULT_TASK_QUEUE, host_q
             <pid>@<host>``, so a failed workflow task (e.g. non-determinism) names the release.
         gc_every_s: remove orphaned substrates every this many seconds while running, asking
             ``client`` about their workflows (``durable_rollouts.gc.sweep``); 0 = never.
+        interceptors: extra temporalio worker interceptors (outermost first), e.g. the test
+            suite's fault injection; the worker's own ``OwnerInterceptor`` runs inside them.
     """
     if host_queue == "auto":
         host_queue = host_queue_name(task_queue)
@@ -130,6 +135,7 @@ def build_worker(client: Client, *, task_queue: str = DEFAULT_TASK_QUEUE, host_q
         "default_heartbeat_throttle_interval": timedelta(seconds=2),
         "graceful_shutdown_timeout": timedelta(seconds=graceful_shutdown_s),
         "identity": identity or worker_identity(),  # names the release in every task it fails
+        "interceptors": [*interceptors, OwnerInterceptor()],
     }
     workers = [Worker(
         client, task_queue=task_queue, workflows=WORKFLOWS, activities=activities,
@@ -152,14 +158,15 @@ def _unsandboxed() -> Any:
 async def run_worker(address: str | None = None, *, task_queue: str = DEFAULT_TASK_QUEUE,
                      host_queue: str | None = None, process_queue: str | None = "auto",
                      max_concurrent_activities: int = 500, stop: asyncio.Event | None = None,
-                     gc_every_s: float = DEFAULT_GC_EVERY_S) -> None:
+                     gc_every_s: float = DEFAULT_GC_EVERY_S,
+                     interceptors: Sequence[Interceptor] = ()) -> None:
     """Connect and run a worker until ``stop`` is set or SIGTERM/SIGINT arrives."""
     from durable_rollouts.temporal.connection import connect_client
 
     client = await connect_client(address)
     worker = build_worker(client, task_queue=task_queue, host_queue=host_queue,
                           process_queue=process_queue, max_concurrent_activities=max_concurrent_activities,
-                          gc_every_s=gc_every_s)
+                          gc_every_s=gc_every_s, interceptors=interceptors)
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -182,7 +189,7 @@ def gc_every(value: str) -> float:
     return seconds
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None, *, interceptors: Sequence[Interceptor] = ()) -> None:
     parser = argparse.ArgumentParser(prog="python -m durable_rollouts.worker")
     parser.add_argument("--temporal", default=None, help="HOST:PORT (default: embedded dev server)")
     parser.add_argument("--task-queue", default=DEFAULT_TASK_QUEUE)
@@ -197,7 +204,7 @@ def main(argv: list[str] | None = None) -> None:
     asyncio.run(run_worker(args.temporal, task_queue=args.task_queue, host_queue=args.host_queue,
                            process_queue=args.process_queue,
                            max_concurrent_activities=args.max_concurrent_activities,
-                           gc_every_s=args.gc_every))
+                           gc_every_s=args.gc_every, interceptors=interceptors))
 
 
 if __name__ == "__main__":

@@ -5,7 +5,7 @@
   same step cannot help, the ``Rollout`` workflow reacts by reprovisioning;
 - anything else is re-raised unchanged and retried with backoff (infrastructure).
 
-Imports only temporalio and ``durable_rollouts.errors``.
+Imports only temporalio, ``durable_rollouts.errors`` and the error type names of ``workflows.types``.
 """
 
 from __future__ import annotations
@@ -16,11 +16,12 @@ from contextlib import contextmanager
 from temporalio.exceptions import ApplicationError
 
 from durable_rollouts.errors import ConfigError, SubstrateGoneError
+from durable_rollouts.workflows.types import ERR_CONFIG, ERR_SUBSTRATE_GONE
 
 __all__ = ["CONFIG_ERROR", "SUBSTRATE_GONE", "map_errors"]
 
-CONFIG_ERROR = "ConfigError"
-SUBSTRATE_GONE = "SubstrateGone"
+CONFIG_ERROR = ERR_CONFIG
+SUBSTRATE_GONE = ERR_SUBSTRATE_GONE
 
 
 @contextmanager

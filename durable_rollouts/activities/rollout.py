@@ -17,7 +17,6 @@ from typing import Any, TypeVar
 from temporalio import activity
 
 from durable_rollouts.activities.failures import map_errors
-from durable_rollouts.activities.faults import maybe_crash
 from durable_rollouts.models import (
     AgentInput,
     AgentResult,
@@ -122,48 +121,40 @@ class RolloutActivities:
             if endpoint.task_queue is None:
                 locality = getattr(provider_from_spec(inp.provider), "locality", "global")
                 endpoint.task_queue = self.queues.for_locality(locality)
-        maybe_crash("after_provision")
         return endpoint
 
     @activity.defn(name=ACT_CONNECT)
     async def connect(self, inp: ConnectInput) -> Session:
         with map_errors():
             session = await steps.connect(inp)
-        maybe_crash("after_connect")  # test-only: a session is open, the result is not recorded
         return session
 
     @activity.defn(name=ACT_START)
     async def start(self, inp: StartInput) -> dict[str, Any]:
         with map_errors():
             prompt = await steps.start(inp)
-        maybe_crash("after_start")
         return prompt
 
     @activity.defn(name=ACT_AGENT)
     async def agent(self, inp: AgentInput) -> AgentResult:
         with map_errors():
             result = await self._beating(
-                steps.run_agent(inp, heartbeat=activity.heartbeat, trace_store=self.trace_store))
-        maybe_crash("after_agent")
+                steps.run_agent(inp, trace_store=self.trace_store))  # _beating heartbeats
         return result
 
     @activity.defn(name=ACT_GRADE)
     async def grade(self, inp: GradeInput) -> Grade:
         with map_errors():
             grade = await self._beating(steps.grade(inp))
-        maybe_crash("after_grade")  # test-only: the env graded, the result is not recorded yet
         return grade
 
     @activity.defn(name=ACT_VERIFY)
     async def verify(self, inp: VerifyInput) -> Grade:
         with map_errors():
             grade = await self._beating(steps.verify(inp))
-        maybe_crash("after_verify")
         return grade
 
     @activity.defn(name=ACT_TEARDOWN)
     async def teardown(self, inp: TeardownInput) -> None:
-        maybe_crash("before_teardown")  # test-only: the substrate is still up
         with map_errors():
             await steps.teardown(inp)
-        maybe_crash("after_teardown")

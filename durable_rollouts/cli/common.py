@@ -2,8 +2,8 @@
 
 ``cli_errors()`` turns package errors into one ``error:`` line on stderr (exit 2 for user
 mistakes, 1 for failures); ``drive()`` runs a command's coroutine under it and also maps Temporal
-errors and anything unexpected, so no command ends in a traceback. Imports typer and errors only
-(temporalio and rich lazily).
+errors (``temporal.errors``) and anything unexpected, so no command ends in a traceback. Imports
+typer and errors only (``durable_rollouts.temporal`` and rich lazily).
 """
 
 from __future__ import annotations
@@ -84,8 +84,7 @@ def drive(make: Callable[[Any, Any], Coroutine[Any, Any, int]]) -> NoReturn:
     import os
     import sys
 
-    from temporalio.client import WorkflowFailureError
-    from temporalio.service import RPCError
+    from durable_rollouts.temporal.errors import TEMPORAL_ERRORS, temporal_error_line
 
     out, err = consoles()
     code = 1
@@ -93,10 +92,8 @@ def drive(make: Callable[[Any, Any], Coroutine[Any, Any, int]]) -> NoReturn:
         with cli_errors():
             try:
                 code = _run(make(out, err))
-            except RPCError as exc:
-                fail(f"Temporal refused the request: {exc.message or exc}", 1)
-            except WorkflowFailureError as exc:
-                fail(f"the batch workflow failed: {exc.cause or exc}", 1)
+            except TEMPORAL_ERRORS as exc:
+                fail(temporal_error_line(exc), 1)
             except (typer.Exit, DurableRolloutsError, OSError):
                 raise
             except Exception as exc:  # noqa: BLE001 - never a traceback

@@ -1,6 +1,6 @@
-"""``rollouts jobs``, ``show``, ``cancel``, ``export``, ``trace`` and ``gc``: argument parsing only.
+"""``rollouts jobs``, ``show``, ``cancel``, ``export`` and ``trace``: look at and stop jobs.
 
-The bodies live in ``durable_rollouts.cli`` body modules; ``register(app)`` adds the commands.
+Thin typer functions; the bodies live in ``cli.views`` (imported lazily).
 """
 
 from __future__ import annotations
@@ -11,179 +11,155 @@ import typer
 
 from durable_rollouts.cli.common import ConnectTimeoutOption, JsonOption, TemporalOption, drive
 
-__all__ = ["register"]
+__all__ = ["app"]
+
+app = typer.Typer()  # merged into the ``rollouts`` app (cli/__init__.py)
 
 
-def register(app: typer.Typer) -> None:
-    """Add jobs, show, cancel, export, trace and gc to ``app``."""
+@app.command(
+    epilog="""Examples:
 
-    @app.command(
-        epilog="""Examples:
+  rollouts jobs
 
-      rollouts jobs
+  rollouts jobs --status running --limit 5 --json
+"""
+)
+def jobs(
+    status: Annotated[
+        str | None,
+        typer.Option(
+            "--status", help="running, completed, cancelled, failed, terminated, timed_out"
+        ),
+    ] = None,
+    limit: Annotated[int, typer.Option("--limit", help="how many jobs")] = 20,
+    temporal: TemporalOption = None,
+    as_json: JsonOption = False,
+    connect_timeout: ConnectTimeoutOption = 5.0,
+) -> None:
+    """List recent jobs, newest first (from Temporal visibility)."""
+    from durable_rollouts.cli.views import jobs as list_jobs
 
-      rollouts jobs --status running --limit 5 --json
-    """
-    )
-    def jobs(
-        status: Annotated[
-            str | None,
-            typer.Option(
-                "--status", help="running, completed, cancelled, failed, terminated, timed_out"
-            ),
-        ] = None,
-        limit: Annotated[int, typer.Option("--limit", help="how many jobs")] = 20,
-        temporal: TemporalOption = None,
-        as_json: JsonOption = False,
-        connect_timeout: ConnectTimeoutOption = 5.0,
-    ) -> None:
-        """List recent jobs, newest first (from Temporal visibility)."""
-        from durable_rollouts.cli.views import jobs as list_jobs
-
-        drive(
-            lambda out, err: list_jobs(
-                out,
-                status=status,
-                limit=limit,
-                temporal=temporal,
-                as_json=as_json,
-                connect_timeout=connect_timeout,
-            )
+    drive(
+        lambda out, err: list_jobs(
+            out,
+            status=status,
+            limit=limit,
+            temporal=temporal,
+            as_json=as_json,
+            connect_timeout=connect_timeout,
         )
-
-    @app.command(
-        epilog="""Examples:
-
-      rollouts show 3f2a9c...
-
-      rollouts show 3f2a9c... --json | jq '.rollouts[] | select(.status != "succeeded")'
-    """
     )
-    def show(
-        job: Annotated[str, typer.Argument(help="job id")],
-        temporal: TemporalOption = None,
-        as_json: JsonOption = False,
-        connect_timeout: ConnectTimeoutOption = 5.0,
-    ) -> None:
-        """Show a job: per-task summary, every rollout's status/reward/attempts/error, zero-spread groups."""
-        from durable_rollouts.cli.views import show as show_job
 
-        drive(
-            lambda out, err: show_job(
-                out, job, temporal=temporal, as_json=as_json, connect_timeout=connect_timeout
-            )
+
+@app.command(
+    epilog="""Examples:
+
+  rollouts show 3f2a9c...
+
+  rollouts show 3f2a9c... --json | jq '.rollouts[] | select(.status != "succeeded")'
+"""
+)
+def show(
+    job: Annotated[str, typer.Argument(help="job id")],
+    temporal: TemporalOption = None,
+    as_json: JsonOption = False,
+    connect_timeout: ConnectTimeoutOption = 5.0,
+) -> None:
+    """Show a job: per-task summary, every rollout's status/reward/attempts/error, zero-spread groups."""
+    from durable_rollouts.cli.views import show as show_job
+
+    drive(
+        lambda out, err: show_job(
+            out, job, temporal=temporal, as_json=as_json, connect_timeout=connect_timeout
         )
-
-    @app.command(
-        epilog="""Example:
-
-      rollouts cancel 3f2a9c...
-    """
     )
-    def cancel(
-        job: Annotated[str, typer.Argument(help="job id")],
-        temporal: TemporalOption = None,
-        wait: Annotated[
-            float, typer.Option("--wait", help="seconds to wait for teardowns to finish")
-        ] = 60.0,
-        connect_timeout: ConnectTimeoutOption = 5.0,
-    ) -> None:
-        """Cancel a running job; every started rollout still tears its substrate down."""
-        from durable_rollouts.cli.views import cancel as cancel_job
 
-        drive(
-            lambda out, err: cancel_job(
-                out, job, temporal=temporal, wait_s=wait, connect_timeout=connect_timeout
-            )
+
+@app.command(
+    epilog="""Example:
+
+  rollouts cancel 3f2a9c...
+"""
+)
+def cancel(
+    job: Annotated[str, typer.Argument(help="job id")],
+    temporal: TemporalOption = None,
+    wait: Annotated[
+        float, typer.Option("--wait", help="seconds to wait for teardowns to finish")
+    ] = 60.0,
+    connect_timeout: ConnectTimeoutOption = 5.0,
+) -> None:
+    """Cancel a running job; every started rollout still tears its substrate down."""
+    from durable_rollouts.cli.views import cancel as cancel_job
+
+    drive(
+        lambda out, err: cancel_job(
+            out, job, temporal=temporal, wait_s=wait, connect_timeout=connect_timeout
         )
-
-    @app.command(
-        epilog="""Examples:
-
-      rollouts export 3f2a9c... -o runs.jsonl
-
-      rollouts export 3f2a9c... -o - | head -1 | jq .reward
-    """
     )
-    def export(
-        job: Annotated[str, typer.Argument(help="job id")],
-        output: Annotated[
-            str, typer.Option("-o", "--output", help="JSONL file to write ('-' = stdout)")
-        ],
-        temporal: TemporalOption = None,
-        connect_timeout: ConnectTimeoutOption = 5.0,
-    ) -> None:
-        """Write a job's runs as JSONL: one line per rollout (latest result of each rollout id).
 
-        Fields: job_id, rollout_id, slug, task_id, env, args, group_id, group_index, status, reward,
-        grade, attempts, error, error_phase, prompt, answer, trace.
-        """
-        from durable_rollouts.cli.views import export as export_job
 
-        drive(
-            lambda out, err: export_job(
-                err if output == "-" else out,
-                job,
-                output,
-                temporal=temporal,
-                connect_timeout=connect_timeout,
-            )
-        )
+@app.command(
+    epilog="""Examples:
 
-    @app.command(
-        epilog="""Examples:
+  rollouts export 3f2a9c... -o runs.jsonl
 
-      rollouts trace 3f2a9c... 0                       # the first rollout in `rollouts show`
+  rollouts export 3f2a9c... -o - | head -1 | jq .reward
+"""
+)
+def export(
+    job: Annotated[str, typer.Argument(help="job id")],
+    output: Annotated[
+        str, typer.Option("-o", "--output", help="JSONL file to write ('-' = stdout)")
+    ],
+    temporal: TemporalOption = None,
+    connect_timeout: ConnectTimeoutOption = 5.0,
+) -> None:
+    """Write a job's runs as JSONL: one line per rollout (latest result of each rollout id).
 
-      rollouts trace 3f2a9c... count_letter-352c4b24-1  # by (the end of) its rollout id
+    Fields: job_id, rollout_id, slug, task_id, env, args, group_id, group_index, status, reward,
+    grade, attempts, error, error_phase, prompt, answer, trace.
     """
-    )
-    def trace(
-        job: Annotated[str, typer.Argument(help="job id")],
-        rollout: Annotated[
-            str, typer.Argument(help="rollout id, its end, or its row number in `show`")
-        ],
-        temporal: TemporalOption = None,
-        as_json: JsonOption = False,
-        connect_timeout: ConnectTimeoutOption = 5.0,
-    ) -> None:
-        """Print one rollout's trace: prompt, every step, the answer and the grade."""
-        from durable_rollouts.cli.views import trace as trace_run
+    from durable_rollouts.cli.views import export as export_job
 
-        drive(
-            lambda out, err: trace_run(
-                out,
-                job,
-                rollout,
-                temporal=temporal,
-                as_json=as_json,
-                connect_timeout=connect_timeout,
-            )
+    drive(
+        lambda out, err: export_job(
+            err if output == "-" else out,
+            job,
+            output,
+            temporal=temporal,
+            connect_timeout=connect_timeout,
         )
-
-    @app.command(
-        epilog="""Examples:
-
-      rollouts gc --dry-run
-
-      rollouts gc --job 3f2a9c...
-    """
     )
-    def gc(
-        dry_run: Annotated[
-            bool, typer.Option("--dry-run", help="only list what would be removed")
-        ] = False,
-        job: Annotated[
-            str | None, typer.Option("--job", help="only substrates of this job")
-        ] = None,
-        temporal: TemporalOption = None,
-        connect_timeout: ConnectTimeoutOption = 5.0,
-    ) -> None:
-        """Remove substrates (containers, env processes) whose rollout is over."""
-        from durable_rollouts.cli.service import collect_garbage
 
-        drive(
-            lambda out, err: collect_garbage(
-                out, dry_run=dry_run, job=job, temporal=temporal, connect_timeout=connect_timeout
-            )
+
+@app.command(
+    epilog="""Examples:
+
+  rollouts trace 3f2a9c... 0                       # the first rollout in `rollouts show`
+
+  rollouts trace 3f2a9c... count_letter-352c4b24-1  # by (the end of) its rollout id
+"""
+)
+def trace(
+    job: Annotated[str, typer.Argument(help="job id")],
+    rollout: Annotated[
+        str, typer.Argument(help="rollout id, its end, or its row number in `show`")
+    ],
+    temporal: TemporalOption = None,
+    as_json: JsonOption = False,
+    connect_timeout: ConnectTimeoutOption = 5.0,
+) -> None:
+    """Print one rollout's trace: prompt, every step, the answer and the grade."""
+    from durable_rollouts.cli.views import trace as trace_run
+
+    drive(
+        lambda out, err: trace_run(
+            out,
+            job,
+            rollout,
+            temporal=temporal,
+            as_json=as_json,
+            connect_timeout=connect_timeout,
         )
+    )

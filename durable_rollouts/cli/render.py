@@ -1,6 +1,6 @@
 """Formatting for the CLI: per-task summaries, rollout and job tables, traces, export records.
 
-Pure functions over ``Run`` objects (and the small views of ``commands.jobs``): numbers are
+Pure functions over ``Run`` objects (and the small views of ``temporal.jobs``): numbers are
 computed in plain dicts (what ``--json`` prints) and turned into rich tables separately. No I/O.
 """
 

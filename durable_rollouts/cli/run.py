@@ -1,7 +1,6 @@
-"""``rollouts run``, ``resume``, ``worker`` and ``server``: argument parsing only.
+"""``rollouts run`` and ``rollouts resume``: thin typer functions over ``cli.batch``.
 
-The bodies live in ``durable_rollouts.cli`` body modules (imported lazily, so ``rollouts --help`` stays
-fast). ``register(app)`` adds the commands to the ``rollouts`` typer app.
+The bodies live in ``cli.batch`` (imported lazily, so ``rollouts --help`` stays fast).
 """
 
 from __future__ import annotations
@@ -19,7 +18,9 @@ from durable_rollouts.cli.common import (
     json_option,
 )
 
-__all__ = ["register"]
+__all__ = ["app"]
+
+app = typer.Typer()  # merged into the ``rollouts`` app (cli/__init__.py)
 
 _RUN_HELP = """Run every task of TASKS (a .py, .json or .jsonl file) GROUP times with an agent, durably.
 
@@ -42,211 +43,123 @@ _RUN_EPILOG = """Examples:
 """
 
 
-def register(app: typer.Typer) -> None:
-    """Add run, resume, worker and server to ``app``."""
+@app.command(help=_RUN_HELP, epilog=_RUN_EPILOG)
+def run(
+    tasks: Annotated[str, typer.Argument(help="taskset file: .py, .json or .jsonl")],
+    agent: Annotated[
+        str, typer.Option("--agent", help="built-in name, module:Class or file.py:Class")
+    ],
+    runtime: Annotated[
+        str,
+        typer.Option(
+            "--runtime", help="local, subprocess, docker:IMAGE, ssh://..., tcp://HOST:PORT"
+        ),
+    ] = "local",
+    agent_config: Annotated[
+        str | None, typer.Option("--agent-config", help="agent config as a JSON object")
+    ] = None,
+    group: Annotated[int, typer.Option("--group", help="rollouts per task (a GRPO group)")] = 1,
+    max_concurrent: Annotated[
+        int, typer.Option("--max-concurrent", help="rollouts in flight at once")
+    ] = 16,
+    rollout_timeout: Annotated[
+        float | None, typer.Option("--rollout-timeout", help="seconds per rollout attempt")
+    ] = None,
+    name: Annotated[
+        str | None, typer.Option("--name", help="job name (default: the taskset's)")
+    ] = None,
+    temporal: TemporalOption = None,
+    detach: Annotated[
+        bool, typer.Option("--detach", help="print the job id and return (see below)")
+    ] = False,
+    as_json: JsonOption = False,
+    output: Annotated[
+        str | None,
+        typer.Option("-o", "--output", help="write the runs as JSONL here ('-' = stdout)"),
+    ] = None,
+    worker: WorkerOption = None,
+    task_queue: Annotated[
+        str | None,
+        typer.Option(
+            "--task-queue", help="task queue (default $ROLLOUTS_TASK_QUEUE or 'rollouts')"
+        ),
+    ] = None,
+    connect_timeout: ConnectTimeoutOption = 5.0,
+) -> None:
+    from durable_rollouts.cli.batch import RunOptions, run_batch
 
-    @app.command(help=_RUN_HELP, epilog=_RUN_EPILOG)
-    def run(
-        tasks: Annotated[str, typer.Argument(help="taskset file: .py, .json or .jsonl")],
-        agent: Annotated[
-            str, typer.Option("--agent", help="built-in name, module:Class or file.py:Class")
-        ],
-        runtime: Annotated[
-            str,
-            typer.Option(
-                "--runtime", help="local, subprocess, docker:IMAGE, ssh://..., tcp://HOST:PORT"
-            ),
-        ] = "local",
-        agent_config: Annotated[
-            str | None, typer.Option("--agent-config", help="agent config as a JSON object")
-        ] = None,
-        group: Annotated[int, typer.Option("--group", help="rollouts per task (a GRPO group)")] = 1,
-        max_concurrent: Annotated[
-            int, typer.Option("--max-concurrent", help="rollouts in flight at once")
-        ] = 16,
-        rollout_timeout: Annotated[
-            float | None, typer.Option("--rollout-timeout", help="seconds per rollout attempt")
-        ] = None,
-        name: Annotated[
-            str | None, typer.Option("--name", help="job name (default: the taskset's)")
-        ] = None,
-        temporal: TemporalOption = None,
-        detach: Annotated[
-            bool, typer.Option("--detach", help="print the job id and return (see below)")
-        ] = False,
-        as_json: JsonOption = False,
-        output: Annotated[
-            str | None,
-            typer.Option("-o", "--output", help="write the runs as JSONL here ('-' = stdout)"),
-        ] = None,
-        worker: WorkerOption = None,
-        task_queue: Annotated[
-            str | None,
-            typer.Option(
-                "--task-queue", help="task queue (default $ROLLOUTS_TASK_QUEUE or 'rollouts')"
-            ),
-        ] = None,
-        connect_timeout: ConnectTimeoutOption = 5.0,
-    ) -> None:
-        from durable_rollouts.cli.batch import RunOptions, run_batch
+    opts = RunOptions(
+        tasks=tasks,
+        agent=agent,
+        agent_config=json_option(agent_config, "--agent-config"),
+        runtime=runtime,
+        group=group,
+        max_concurrent=max_concurrent,
+        rollout_timeout=rollout_timeout,
+        name=name,
+        temporal=temporal,
+        detach=detach,
+        as_json=as_json,
+        output=output,
+        worker=worker,
+        task_queue=task_queue,
+        connect_timeout=connect_timeout,
+    )
+    drive(lambda out, err: run_batch(opts, out, err))
 
-        opts = RunOptions(
-            tasks=tasks,
-            agent=agent,
-            agent_config=json_option(agent_config, "--agent-config"),
-            runtime=runtime,
-            group=group,
-            max_concurrent=max_concurrent,
-            rollout_timeout=rollout_timeout,
-            name=name,
+
+@app.command(
+    epilog="""Examples:
+
+  rollouts resume 3f2a9c...               # every rollout that did not succeed
+
+  rollouts resume 3f2a9c... --only errored --only timeout
+
+  rollouts resume 3f2a9c... --only ungraded -o runs.jsonl
+"""
+)
+def resume(
+    job: Annotated[
+        str, typer.Argument(help="job id (as printed by `rollouts run` / `rollouts jobs`)")
+    ],
+    only: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--only",
+            help="failed, errored, cancelled, timeout, ungraded (repeatable, or comma-separated)",
+        ),
+    ] = None,
+    temporal: TemporalOption = None,
+    detach: Annotated[
+        bool, typer.Option("--detach", help="start the re-run and return")
+    ] = False,
+    as_json: JsonOption = False,
+    output: Annotated[
+        str | None,
+        typer.Option("-o", "--output", help="write the whole job's runs as JSONL here"),
+    ] = None,
+    worker: WorkerOption = None,
+    connect_timeout: ConnectTimeoutOption = 5.0,
+) -> None:
+    """Re-run only the selected rollouts of a finished job; every other result is kept.
+
+    Rollouts are matched by their stable ids (job, task slug, group index), never by comparing
+    configs. Without --only, every rollout that did not succeed is re-run. When nothing matches,
+    says so and exits 0. Exit code otherwise as for `run`.
+    """
+    from durable_rollouts.cli.batch import resume_job
+
+    drive(
+        lambda out, err: resume_job(
+            job,
+            only,
+            out,
+            err,
             temporal=temporal,
             detach=detach,
             as_json=as_json,
             output=output,
             worker=worker,
-            task_queue=task_queue,
             connect_timeout=connect_timeout,
         )
-        drive(lambda out, err: run_batch(opts, out, err))
-
-    @app.command(
-        epilog="""Examples:
-
-      rollouts resume 3f2a9c...               # every rollout that did not succeed
-
-      rollouts resume 3f2a9c... --only errored --only timeout
-
-      rollouts resume 3f2a9c... --only ungraded -o runs.jsonl
-    """
     )
-    def resume(
-        job: Annotated[
-            str, typer.Argument(help="job id (as printed by `rollouts run` / `rollouts jobs`)")
-        ],
-        only: Annotated[
-            list[str] | None,
-            typer.Option(
-                "--only",
-                help="failed, errored, cancelled, timeout, ungraded (repeatable, or comma-separated)",
-            ),
-        ] = None,
-        temporal: TemporalOption = None,
-        detach: Annotated[
-            bool, typer.Option("--detach", help="start the re-run and return")
-        ] = False,
-        as_json: JsonOption = False,
-        output: Annotated[
-            str | None,
-            typer.Option("-o", "--output", help="write the whole job's runs as JSONL here"),
-        ] = None,
-        worker: WorkerOption = None,
-        connect_timeout: ConnectTimeoutOption = 5.0,
-    ) -> None:
-        """Re-run only the selected rollouts of a finished job; every other result is kept.
-
-        Rollouts are matched by their stable ids (job, task slug, group index), never by comparing
-        configs. Without --only, every rollout that did not succeed is re-run. When nothing matches,
-        says so and exits 0. Exit code otherwise as for `run`.
-        """
-        from durable_rollouts.cli.batch import resume_job
-
-        drive(
-            lambda out, err: resume_job(
-                job,
-                only,
-                out,
-                err,
-                temporal=temporal,
-                detach=detach,
-                as_json=as_json,
-                output=output,
-                worker=worker,
-                connect_timeout=connect_timeout,
-            )
-        )
-
-    @app.command(
-        "worker",
-        epilog="""Examples:
-
-      rollouts worker                                   # against the embedded dev server
-
-      rollouts worker --temporal temporal.internal:7233 --host-queue auto
-
-      rollouts worker --gc-every 60                     # sweep leaked sandboxes every minute
-    """,
-    )
-    def worker_command(
-        temporal: TemporalOption = None,
-        task_queue: Annotated[
-            str,
-            typer.Option(
-                "--task-queue", envvar="ROLLOUTS_TASK_QUEUE", help="the shared task queue"
-            ),
-        ] = "rollouts",
-        host_queue: Annotated[
-            str | None,
-            typer.Option(
-                "--host-queue", help="'auto' = <queue>@<hostname> for host-local substrates"
-            ),
-        ] = None,
-        until_job: Annotated[
-            str | None, typer.Option("--until-job", help="exit once this job has closed")
-        ] = None,
-        gc_every: Annotated[
-            float,
-            typer.Option(
-                "--gc-every",
-                envvar="ROLLOUTS_GC_EVERY",
-                min=0.0,
-                metavar="SECONDS",
-                help="remove orphaned substrates (what `rollouts gc` finds) every SECONDS; "
-                "0 disables it",
-            ),
-        ] = 300.0,
-        connect_timeout: ConnectTimeoutOption = 5.0,
-    ) -> None:
-        """Run a worker (workflows and rollout steps) until Ctrl-C / SIGTERM.
-
-        In the background it removes orphaned substrates (leaked containers and env
-        subprocesses whose rollout is over) every --gc-every seconds, first soon after start.
-        """
-        from durable_rollouts.cli.service import run_worker
-
-        drive(
-            lambda out, err: run_worker(
-                temporal,
-                task_queue=task_queue,
-                host_queue=host_queue,
-                until_job=until_job,
-                connect_timeout=connect_timeout,
-                gc_every_s=gc_every,
-                out=out,
-            )
-        )
-
-    @app.command(
-        epilog="""Examples:
-
-      rollouts server                 # then open the printed Web UI address
-
-      rollouts server --port 7233 --ui-port 8233
-    """
-    )
-    def server(
-        port: Annotated[
-            int | None, typer.Option("--port", help="gRPC port (default 7233, else a free one)")
-        ] = None,
-        ui_port: Annotated[
-            int | None,
-            typer.Option("--ui-port", help="Web UI port (default 8233, else a free one)"),
-        ] = None,
-        headless: Annotated[bool, typer.Option("--headless", help="no Web UI")] = False,
-    ) -> None:
-        """Run the embedded Temporal dev server (sqlite in $ROLLOUTS_HOME, Web UI) in the foreground.
-
-        Other commands without --temporal use it. If it is already running, prints its addresses.
-        """
-        from durable_rollouts.cli.service import run_server
-
-        drive(lambda out, err: run_server(out, port=port, ui_port=ui_port, headless=headless))

@@ -1,10 +1,11 @@
 """Long-running CLI services: ``rollouts server`` (embedded Temporal), ``rollouts worker``, ``gc``,
-and the detached background worker of ``run --detach`` (``spawn_worker`` / ``wait_closed``).
+and the detached background worker of ``run --detach`` (``spawn_worker``; it exits at
+``temporal.control.wait_closed``).
 
 ``server`` starts the embedded dev server the other commands reuse (``$ROLLOUTS_HOME/temporal.json``)
 and keeps it in the foreground until Ctrl-C/SIGTERM, then stops it. ``worker --until-job`` is
-the background worker of ``run --detach``: it exits once that job has closed. Imports temporalio
-and the worker lazily.
+the background worker of ``run --detach``: it exits once that job has closed. Imports
+``durable_rollouts.temporal`` and the worker lazily (never temporalio itself).
 """
 
 from __future__ import annotations
@@ -24,9 +25,8 @@ from typing import Any
 from rich.console import Console
 
 from ..sdk.paths import rollouts_home
-from ..workflows import workflow_id
 
-__all__ = ["collect_garbage", "run_server", "run_worker", "spawn_worker", "wait_closed"]
+__all__ = ["collect_garbage", "run_server", "run_worker", "spawn_worker"]
 
 
 def _running_server() -> dict[str, Any] | None:
@@ -98,8 +98,9 @@ async def run_worker(
 ) -> int:
     """Poll ``task_queue`` until Ctrl-C/SIGTERM (or, with ``until_job``, until that job closed),
     sweeping orphaned substrates every ``gc_every_s`` seconds (0 = never)."""
+    from ..temporal.control import wait_closed
+    from ..temporal.jobs import connect
     from ..worker import build_worker
-    from durable_rollouts.temporal.jobs import connect
 
     if os.environ.get("ROLLOUTS_LOG_LEVEL"):  # e.g. INFO: one line per removed orphan
         logging.basicConfig(level=os.environ["ROLLOUTS_LOG_LEVEL"].upper())
@@ -189,41 +190,3 @@ def spawn_worker(address: str, task_queue: str, job_id: str) -> tuple[int, Path]
             start_new_session=True,
         )
     return proc.pid, log
-
-
-async def wait_closed(
-    client: Any, job_id: str, poll_s: float = 1.0, give_up_s: float = 60.0
-) -> None:
-    """Return once every batch of ``job_id`` and its Rollout children have closed.
-
-    Used by ``rollouts worker --until-job``. Also returns when the job never shows up, or when
-    Temporal stays unreachable, for ``give_up_s``.
-    """
-    from temporalio.client import WorkflowExecutionStatus
-    from temporalio.service import RPCError
-
-    from durable_rollouts.temporal.control import running_children
-    from durable_rollouts.temporal.jobs import describe
-
-    loop = asyncio.get_running_loop()
-    last_seen = loop.time()
-    while True:
-        try:
-            states = []
-            index = 0
-            while (desc := await describe(client, workflow_id(job_id, index))) is not None:
-                states.append(desc.status)
-                index += 1
-            if (
-                states
-                and WorkflowExecutionStatus.RUNNING not in states
-                and not await running_children(client, job_id)
-            ):
-                return
-        except RPCError:
-            states = []
-        if states:
-            last_seen = loop.time()
-        elif loop.time() - last_seen > give_up_s:
-            return
-        await asyncio.sleep(poll_s)

@@ -1,6 +1,6 @@
 """``rollouts jobs``, ``show``, ``cancel``, ``export`` and ``trace``: look at and stop jobs.
 
-Each returns the exit code. Reads jobs through ``commands.jobs``; prints with ``commands.render``.
+Each returns the exit code. Reads jobs through ``temporal.jobs``; prints with ``cli.render``.
 """
 
 from __future__ import annotations

@@ -23,10 +23,11 @@ from collections.abc import AsyncGenerator, Callable
 from pathlib import Path
 from typing import Any, Generic, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from ..errors import ConfigError, EnvError, TaskNotFoundError
 from ..models import Task
+from .capability import Capability
 
 if typing.TYPE_CHECKING:
     from .mcp import McpService
@@ -55,24 +56,6 @@ class Answer(BaseModel, Generic[T]):
 
     content: T
     raw: str
-
-
-class Capability(BaseModel):
-    """A service the environment exposes next to the control channel (ssh, mcp, a raw tcp port...).
-
-    Its manifest form (``model_dump()``) is what ``hello`` publishes as a binding.
-    """
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    name: str
-    protocol: str
-    url: str
-    params: dict[str, Any] = Field(default_factory=dict)
-
-    def manifest(self) -> dict[str, Any]:
-        """The binding dict sent to clients."""
-        return self.model_dump()
 
 
 def _jsonable(value: Any) -> bool:

@@ -23,12 +23,11 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from ..errors import EnvError
-from .environment import Capability
+from .capability import Capability, CapabilityHost
 
 if TYPE_CHECKING:
     from fastmcp import FastMCP
 
-    from .environment import Environment
 
 __all__ = ["MCP_PROTOCOL", "McpService", "add_mcp", "wait_until_listening"]
 
@@ -185,7 +184,7 @@ def _uvicorn_server(config: Any) -> Any:
 
 
 def add_mcp(
-    env: Environment,
+    env: CapabilityHost,
     server: FastMCP | str,
     *,
     name: str = "tools",

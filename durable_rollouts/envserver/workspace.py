@@ -31,12 +31,12 @@ import shutil
 import tempfile
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 import asyncssh
 
 from ..errors import EnvError
-from .environment import Capability
+from .capability import Capability, CapabilityHost
 from .sandbox import (
     SANDBOX_CWD,
     Isolation,
@@ -47,9 +47,6 @@ from .sandbox import (
     command_environ,
 )
 from .ssh_exec import TIMEOUT_EXIT_STATUS, kill_group, run_session
-
-if TYPE_CHECKING:
-    from .environment import Environment
 
 __all__ = [
     "SANDBOX_CWD",
@@ -317,7 +314,7 @@ class Workspace:
 
 
 def add_workspace(
-    env: Environment,
+    env: CapabilityHost,
     root: str | os.PathLike[str] | None = None,
     *,
     name: str = "shell",

@@ -4,26 +4,29 @@ Holds the two entry points and re-exports the public API of the modules that do 
 
 * :mod:`.labels`: the owner labels every substrate carries (:func:`owner_labels`) and the
   workflow id a rollout key names (:func:`workflow_for_key`);
-* :mod:`.candidates`: every labelled substrate this host can see (Docker containers by label,
-  SubprocessRuntime children under :func:`substrates_dir`);
+* :mod:`.candidates`: every substrate this host's providers list (``list_substrates()`` of each
+  provider class: Docker containers by label, SubprocessRuntime children by their state files);
 * :mod:`.orphans`: which of them outlived their rollout (:func:`find_orphans`, with the rules
   and the ``cautious`` ones of the sweep);
-* :mod:`.removal`: removing them, each re-checked right before (:func:`collect`).
+* :mod:`.removal`: removing them through the provider that placed them (``reap()``), each
+  re-checked right before (:func:`collect`).
+
+Generic over providers: nothing here branches on a provider's kind.
 
 The CLI calls :func:`gc` (``rollouts gc [--dry-run]``) and prints :func:`format_orphans`; the
-worker runs :func:`sweep` (``rollouts worker --gc-every SECONDS``). Imports the docker SDK and
-temporalio lazily; never imports workflows or activities.
+worker runs :func:`sweep` (``rollouts worker --gc-every SECONDS``). Reaches Temporal only
+through ``durable_rollouts.temporal`` (it never imports temporalio, workflows or activities).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 # Besides the public API, a few internals stay importable from here (tests use them).
-from durable_rollouts.gc.candidates import _Candidate, _candidates, substrates_dir  # noqa: F401
-from durable_rollouts.gc.labels import (  # noqa: F401
+from durable_rollouts.gc.candidates import _Candidate, _candidates  # noqa: F401
+from durable_rollouts.sdk.labels import (  # noqa: F401
     LABEL_DEADLINE,
     LABEL_HOST,
     LABEL_JOB,
@@ -37,26 +40,18 @@ from durable_rollouts.gc.labels import (  # noqa: F401
     workflow_for_key,
 )
 from durable_rollouts.gc.orphans import NOT_FOUND, Orphan, _cautious_reason, find_orphans  # noqa: F401
-from durable_rollouts.gc.removal import LOCK_WAIT_S, _remove_checked, collect  # noqa: F401
+from durable_rollouts.gc.removal import _remove_checked, collect  # noqa: F401
 
-if TYPE_CHECKING:
-    from temporalio.client import Client
+Client = Any  # a temporalio Client
 
+# The LABEL_* names and owner_labels stay importable from here; sdk.labels owns them.
 __all__ = [
-    "LABEL_DEADLINE",
-    "LABEL_HOST",
-    "LABEL_JOB",
-    "LABEL_KEY",
-    "LABEL_OWNER",
-    "LABEL_TEMPORAL",
-    "LABEL_WORKFLOW",
     "Orphan",
     "collect",
     "find_orphans",
     "format_orphans",
     "gc",
     "owner_labels",
-    "substrates_dir",
     "sweep",
     "workflow_for_key",
 ]
@@ -75,11 +70,9 @@ async def gc(temporal: Any = None, *, dry_run: bool = False, prefix: str = "") -
         dry_run: only list what would be removed.
         prefix: only substrates whose rollout key starts with this.
     """
-    from temporalio.client import Client as _Client
+    from durable_rollouts.temporal.connection import as_client
 
-    from durable_rollouts.temporal.connection import connect_client
-
-    client = temporal if isinstance(temporal, _Client) else await connect_client(temporal)
+    client = await as_client(temporal)
     return await collect(client, dry_run=dry_run, prefix=prefix)
 
 

@@ -13,7 +13,8 @@ A substrate is an orphan when
 running and leaves a container labelled with another Temporal server to that server's workers.
 "Workflow not found" counts only for a container labelled with its own server, or once the owner
 is gone: a substrate on this host (same Docker engine or ``$ROLLOUTS_HOME``) may belong to another
-server. A deadline alone does not count there. Imports temporalio lazily.
+server. A deadline alone does not count there. Temporal is asked through
+``durable_rollouts.temporal.jobs.workflow_closed``; gc itself never imports temporalio.
 """
 
 from __future__ import annotations
@@ -22,11 +23,10 @@ import asyncio
 import socket
 import time
 from dataclasses import dataclass, field
-from datetime import timedelta
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any
 
 from durable_rollouts.gc.candidates import _Candidate, _candidates
-from durable_rollouts.gc.labels import (
+from durable_rollouts.sdk.labels import (
     LABEL_DEADLINE,
     LABEL_HOST,
     LABEL_KEY,
@@ -35,20 +35,17 @@ from durable_rollouts.gc.labels import (
     server_id,
     workflow_for_key,
 )
+from durable_rollouts.temporal.jobs import NOT_FOUND, workflow_closed
 
-if TYPE_CHECKING:
-    from temporalio.client import Client
+Client = Any  # a temporalio Client (durable_rollouts.temporal.connection.connect_client)
 
 __all__ = ["NOT_FOUND", "Orphan", "find_orphans"]
-
-NOT_FOUND = "workflow not found"
-
 
 @dataclass
 class Orphan:
     """One substrate that outlived its rollout."""
 
-    kind: Literal["docker", "subprocess"]
+    kind: str  # the provider kind that placed it (``DurableProvider.kind``)
     key: str
     reason: str
     workflow_id: str = ""
@@ -58,21 +55,7 @@ class Orphan:
 
 async def _workflow_closed(client: Client, workflow_id: str) -> str | None:
     """Why the workflow no longer needs its substrate, or None while it is running."""
-    from temporalio.client import WorkflowExecutionStatus
-    from temporalio.service import RPCError, RPCStatusCode
-
-    try:
-        desc = await client.get_workflow_handle(workflow_id).describe(
-            rpc_timeout=timedelta(seconds=10)
-        )
-    except RPCError as exc:
-        if exc.status == RPCStatusCode.NOT_FOUND:
-            return NOT_FOUND
-        raise
-    if desc.status == WorkflowExecutionStatus.RUNNING:
-        return None
-    status = desc.status.name.lower() if desc.status is not None else "closed"
-    return f"workflow {status}"
+    return await workflow_closed(client, workflow_id)
 
 
 def _foreign(cand: _Candidate, client: Client) -> bool:
@@ -88,8 +71,8 @@ async def _reason(
     deadline = cand.labels.get(LABEL_DEADLINE, "")
     if deadline and float(deadline) < now:
         return "run deadline passed"
-    if cand.kind == "subprocess" and not cand.alive:
-        return "process already dead"
+    if cand.dead:
+        return cand.dead
     if workflow_id and client is not None:
         if _foreign(cand, client):
             return None  # another Temporal server's: this one cannot tell
@@ -109,8 +92,8 @@ async def _cautious_reason(cand: _Candidate, workflow_id: str, client: Client | 
         closed = await _workflow_closed(client, workflow_id)
         if closed != NOT_FOUND or cand.labels.get(LABEL_TEMPORAL):
             return closed  # None while running
-    if cand.kind == "subprocess" and not cand.alive:
-        return "process already dead"
+    if cand.dead:
+        return cand.dead
     if cand.owner_gone:
         return f"{NOT_FOUND} and owner process gone" if workflow_id else "owner process gone"
     return None

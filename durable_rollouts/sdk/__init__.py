@@ -1,8 +1,9 @@
 """User side: tasksets, jobs, runs, agents, providers, the rollout steps and the direct executor.
 
 Builds on ``envserver`` (for local serving) and the shared ``models``/``protocol``/``errors``;
-never imported by ``envserver`` or by workflows. Importing this package loads no Temporal code
-(``orchestrate`` and ``temporal`` are imported on use).
+never imported by ``envserver`` or by workflows. Temporal-free: nothing here imports temporalio
+or the Temporal layers (``tests/test_layering.py``); ``Taskset.run`` reaches
+``durable_rollouts.temporal.batches`` by name, on use.
 """
 
 from __future__ import annotations

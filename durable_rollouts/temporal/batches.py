@@ -1,5 +1,8 @@
 """Start, await and inspect durable batches: ``run_taskset``, ``start_job``, ``get_job``.
 
+This is what ``Taskset.run`` calls (by name, from ``sdk.taskset``). Reading a job goes through
+``temporal.jobs`` (the one reader the CLI uses too).
+
 ``run_taskset`` turns a Taskset + Agent + runtime into one ``TasksetRun`` workflow (a batch of a
 ``Job``), waits for it and returns the Job with graded runs (traces loaded from the trace store,
 never from workflow history). With no Temporal address (argument or ``ROLLOUTS_TEMPORAL_ADDRESS``)
@@ -16,7 +19,6 @@ in-process worker) and temporalio.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import os
 from collections.abc import Awaitable, Callable
@@ -25,18 +27,24 @@ from typing import Any
 
 from temporalio.client import Client, WorkflowExecutionStatus, WorkflowHandle
 from temporalio.common import SearchAttributeKey, SearchAttributePair, TypedSearchAttributes
-from temporalio.service import RPCError, RPCStatusCode
 
 from durable_rollouts.errors import ConfigError
-from durable_rollouts.models import RolloutResult, Task
+from durable_rollouts.models import Task
 from durable_rollouts.release import MEMO_KEY, release_name
 from durable_rollouts.sdk import lifetime
 from durable_rollouts.sdk.agents import check_remote
 from durable_rollouts.sdk.job import Job
 from durable_rollouts.sdk.run import Run
-from durable_rollouts.temporal.connection import connect_client, ensure_search_attributes, resolve_address
 from durable_rollouts.sdk.tracestore import TraceStore
 from durable_rollouts.sdk.validation import validate_batch
+from durable_rollouts.temporal.connection import connect_client, ensure_search_attributes, resolve_address
+from durable_rollouts.temporal.jobs import (
+    batch_descriptions,
+    dedupe_latest,
+    load_job,
+    load_results,
+    run_from_result,
+)
 from durable_rollouts.workflows import TasksetRun, workflow_id
 from durable_rollouts.workflows.types import (
     DEFAULT_TASK_QUEUE,
@@ -100,6 +108,16 @@ _KEYS = {name: SearchAttributeKey.for_keyword(name) for name in (
     "RolloutsJobId", "RolloutsJobName", "RolloutsTaskset", "RolloutsAgent", "RolloutsStatus")}
 
 
+def _search_attributes(job_id: str, name: str, taskset: str, agent: str) -> TypedSearchAttributes:
+    return TypedSearchAttributes([
+        SearchAttributePair(_KEYS["RolloutsJobId"], job_id),
+        SearchAttributePair(_KEYS["RolloutsJobName"], name),
+        SearchAttributePair(_KEYS["RolloutsTaskset"], taskset),
+        SearchAttributePair(_KEYS["RolloutsAgent"], agent),
+        SearchAttributePair(_KEYS["RolloutsStatus"], "running"),
+    ])
+
+
 @dataclass
 class JobHandle:
     """A started batch: query its progress, wait for it, cancel it.
@@ -155,28 +173,13 @@ class JobHandle:
 def runs_from_result(result: TasksetRunResult, job_id: str, rows: list[Task] | None = None,
                      store: TraceStore | None = None) -> list[Run]:
     """Runs of a finished batch, in expansion order, traces loaded from the store."""
-    from durable_rollouts.activities.taskset import ResultStore
-
-    results: list[RolloutResult] = [r for ref in result.result_refs for r in ResultStore.get(ref)]
-    results += result.results
-    latest: dict[str, RolloutResult] = {}
-    for r in results:  # a rollout re-run within the batch: the latest result wins
-        latest[r.rollout_id] = r
-    results = sorted(latest.values(), key=lambda r: (r.row_index, r.group_index))
+    latest = dedupe_latest(load_results(result.result_refs, result.results))  # a re-run: latest wins
     store = store or TraceStore()
-    runs = []
-    for r in results:
-        trace = None
-        if r.trace_ref is not None:
-            with contextlib.suppress(OSError, ValueError):
-                trace = store.get(r.trace_ref)
-        task = rows[r.row_index] if rows is not None and r.row_index < len(rows) else None
-        run = Run.from_result(r, trace, task=task, job_id=job_id)
-        if trace is not None and trace.steps and trace.steps[0].task_call is not None:
-            prompt = trace.steps[0].task_call.result
-            run.prompt = prompt if isinstance(prompt, dict) else {}
-        runs.append(run)
-    return runs
+    return [
+        run_from_result(r, rows[r.row_index] if rows is not None and r.row_index < len(rows) else None,
+                        job_id, store)
+        for r in sorted(latest.values(), key=lambda r: (r.row_index, r.group_index))
+    ]
 
 
 async def start_job(taskset: Any, agent: Any, *, runtime: Any, group: int | None = None, max_concurrent: int = 16,
@@ -250,15 +253,7 @@ async def _start(taskset: Any, agent_spec: Any, provider_spec: Any, runtime: Any
         **({"max_history_events": max_history_events, "flush_results_over": 0}
            if max_history_events else {}),
     )
-    attrs = None
-    if attrs_ok:
-        attrs = TypedSearchAttributes([
-            SearchAttributePair(_KEYS["RolloutsJobId"], job.id),
-            SearchAttributePair(_KEYS["RolloutsJobName"], name),
-            SearchAttributePair(_KEYS["RolloutsTaskset"], taskset.name),
-            SearchAttributePair(_KEYS["RolloutsAgent"], agent_spec.path),
-            SearchAttributePair(_KEYS["RolloutsStatus"], "running"),
-        ])
+    attrs = _search_attributes(job.id, name, taskset.name, agent_spec.path) if attrs_ok else None
     handle = await client.start_workflow(
         TasksetRun.run, inp, id=workflow_id(job.id, batch_index), task_queue=queue,
         search_attributes=attrs, memo={"job_name": name, "taskset": taskset.name, "group": group,
@@ -287,22 +282,6 @@ async def run_taskset(taskset: Any, agent: Any, *, runtime: Any, group: int | No
 # Inspecting jobs
 
 
-async def _batches(client: Client, job_id: str) -> list[WorkflowHandle[Any, TasksetRunResult]]:
-    handles = []
-    index = 0
-    while True:
-        handle = client.get_workflow_handle_for(TasksetRun.run, workflow_id(job_id, index))
-        try:
-            await handle.describe()
-        except RPCError as err:
-            if err.status == RPCStatusCode.NOT_FOUND:
-                break
-            raise
-        handles.append(handle)
-        index += 1
-    return handles
-
-
 async def job_progress(job_id: str, temporal: Any = None) -> list[Progress]:
     """The ``progress`` of every batch of a job (running or finished)."""
     client, embedded = await _client(temporal)
@@ -310,42 +289,29 @@ async def job_progress(job_id: str, temporal: Any = None) -> list[Progress]:
     if embedded:  # queries need a worker: on the embedded server, ours (only for the queries)
         lease = await _ensure_worker(client, os.environ.get(QUEUE_ENV) or DEFAULT_TASK_QUEUE)
     try:
-        return [await h.query(TasksetRun.progress) for h in await _batches(client, job_id)]
+        return [await client.get_workflow_handle_for(TasksetRun.run, desc.id).query(TasksetRun.progress)
+                for desc in await batch_descriptions(client, job_id)]
     finally:
         if lease is not None:
             await lease.release()
 
 
 async def get_job(job_id: str, temporal: Any = None, *, wait: bool = False) -> Job:
-    """Rebuild a Job from its finished batches (``wait=True`` also waits for running ones)."""
+    """Rebuild a Job from its finished batches (``wait=True`` also waits for running ones).
+
+    Reads through ``temporal.jobs.load_job``; only completed batches contribute runs (a running
+    one counts in ``job.batches`` and is waited for with ``wait``; a failed or cancelled one
+    adds no runs).
+    """
     client, _ = await _client(temporal)
-    handles = await _batches(client, job_id)
-    if not handles:
-        raise ConfigError(f"no job with id {job_id!r}")
-    job: Job | None = None
-    for handle in handles:
-        desc = await handle.describe()
-        if job is None:
-            memo = await desc.memo()
-            job = Job(id=job_id, name=str(memo.get("job_name", job_id)), group=int(memo.get("group", 1)),
-                      taskset=memo.get("taskset"))
-        job.batches += 1
-        if desc.status == WorkflowExecutionStatus.RUNNING and not wait:
-            continue
-        if desc.status not in (WorkflowExecutionStatus.RUNNING, WorkflowExecutionStatus.COMPLETED,
-                               WorkflowExecutionStatus.CONTINUED_AS_NEW):
-            continue
-        _merge(job.runs, runs_from_result(await handle.result(), job_id))
-    assert job is not None
+    if wait:
+        for desc in await batch_descriptions(client, job_id):
+            if desc.status == WorkflowExecutionStatus.RUNNING:
+                await client.get_workflow_handle_for(TasksetRun.run, desc.id).result()
+    try:
+        view = await load_job(client, job_id, traces=True)
+    except ConfigError:
+        raise ConfigError(f"no job with id {job_id!r}") from None
+    job = view.job()
+    job.runs = [run for batch in view.batches if batch.status == "completed" for run in batch.runs]
     return job
-
-
-def _merge(runs: list[Run], new: list[Run]) -> None:
-    """Append ``new``; a run whose rollout id is already there replaces it (a resumed rollout)."""
-    where = {run.rollout_id: i for i, run in enumerate(runs)}
-    for run in new:
-        if run.rollout_id in where:
-            runs[where[run.rollout_id]] = run
-        else:
-            where[run.rollout_id] = len(runs)
-            runs.append(run)

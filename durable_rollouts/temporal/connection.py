@@ -41,6 +41,7 @@ from durable_rollouts.workflows.types import SEARCH_ATTRIBUTES
 
 __all__ = [
     "DevServer",
+    "as_client",
     "connect_client",
     "dev_server_args",
     "ensure_dev_server",
@@ -245,6 +246,11 @@ async def connect_client(address: str | None = None, *, namespace: str = "defaul
         return await Client.connect(address, namespace=namespace, data_converter=data_converter())
     except RuntimeError as err:
         raise ConfigError(f"cannot connect to Temporal at {address}: {err}") from err
+
+
+async def as_client(temporal: Client | str | None) -> Client:
+    """``temporal`` itself when it is a Client, else :func:`connect_client` to that address."""
+    return temporal if isinstance(temporal, Client) else await connect_client(temporal)
 
 
 _ATTRS_OK: dict[str, bool] = {}

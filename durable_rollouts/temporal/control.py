@@ -1,6 +1,7 @@
-"""List and cancel jobs: ``rollouts jobs`` (Temporal visibility) and ``rollouts cancel``.
+"""List, cancel and wait for jobs: ``rollouts jobs`` (Temporal visibility), ``rollouts cancel``,
+and ``wait_closed`` (the background worker of ``run --detach`` exits once its job has closed).
 
-Imports temporalio and ``commands.jobs``; never the CLI.
+Imports temporalio and ``temporal.jobs``; never the CLI.
 """
 
 from __future__ import annotations
@@ -15,10 +16,9 @@ from temporalio.client import Client, WorkflowExecutionStatus
 from temporalio.service import RPCError
 
 from ..errors import ConfigError
-from ..workflows import workflow_id
-from .jobs import describe, status_name, workflow_ids
+from .jobs import batch_descriptions, describe, status_name, workflow_ids
 
-__all__ = ["CancelOutcome", "JobSummary", "cancel_job", "list_jobs", "running_children"]
+__all__ = ["CancelOutcome", "JobSummary", "cancel_job", "list_jobs", "running_children", "wait_closed"]
 
 
 @dataclass
@@ -131,12 +131,9 @@ async def cancel_job(client: Client, job_id: str, *, wait_s: float = 60.0) -> Ca
     running: list[str] = []
     found = None
     for candidate in workflow_ids(job_id):
-        index = 0
-        while (desc := await describe(client, workflow_id(candidate, index))) is not None:
-            if desc.status == WorkflowExecutionStatus.RUNNING:
-                running.append(desc.id)
-            index += 1
-        if index:
+        descs = await batch_descriptions(client, candidate)
+        running = [d.id for d in descs if d.status == WorkflowExecutionStatus.RUNNING]
+        if descs:
             found = candidate
             break
     if found is None:
@@ -157,3 +154,31 @@ async def cancel_job(client: Client, job_id: str, *, wait_s: float = 60.0) -> Ca
         await asyncio.sleep(0.3)
         left = await running_children(client, found)
     return CancelOutcome(job_id=found, cancelled=running, still_running=left)
+
+
+async def wait_closed(
+    client: Any, job_id: str, poll_s: float = 1.0, give_up_s: float = 60.0
+) -> None:
+    """Return once every batch of ``job_id`` and its Rollout children have closed.
+
+    Used by ``rollouts worker --until-job``. Also returns when the job never shows up, or when
+    Temporal stays unreachable, for ``give_up_s``.
+    """
+    loop = asyncio.get_running_loop()
+    last_seen = loop.time()
+    while True:
+        try:
+            states = [desc.status for desc in await batch_descriptions(client, job_id)]
+            if (
+                states
+                and WorkflowExecutionStatus.RUNNING not in states
+                and not await running_children(client, job_id)
+            ):
+                return
+        except RPCError:
+            states = []
+        if states:
+            last_seen = loop.time()
+        elif loop.time() - last_seen > give_up_s:
+            return
+        await asyncio.sleep(poll_s)

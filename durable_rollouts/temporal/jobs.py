@@ -1,5 +1,7 @@
 """Read jobs through Temporal: connect, find a job's batches, collect one result per rollout.
 
+The one reader of jobs: ``Taskset.run``/``get_job`` (``temporal.batches``) and every CLI view use it.
+
 A job is one or more ``TasksetRun`` batches (workflow ids ``job-<id>``, ``job-<id>-b<n>``). A
 batch's results are read from its workflow result when it completed, else from its ``Rollout``
 children (one workflow per stable rollout id, so the latest run of that id is the latest result
@@ -14,7 +16,7 @@ import asyncio
 import contextlib
 import re
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from temporalio.client import Client, WorkflowExecutionStatus
@@ -38,10 +40,15 @@ __all__ = [
     "describe",
     "load_job",
     "load_results",
+    "batch_descriptions",
     "read_input",
+    "run_from_result",
     "status_name",
+    "workflow_closed",
     "workflow_ids",
 ]
+
+NOT_FOUND = "workflow not found"
 
 _ADDRESS = re.compile(r"^[\w.\-\[\]:]+:\d{1,5}$")
 _CHILD_LOOKUPS = 32  # concurrent describe/result calls when reading children
@@ -186,6 +193,23 @@ async def describe(client: Client, wf_id: str) -> Any | None:
         raise
 
 
+async def workflow_closed(client: Client, workflow_id: str) -> str | None:
+    """Why workflow ``workflow_id`` is over (``workflow completed``, ``workflow not found``, ...),
+    or None while it runs (gc asks this of every labelled substrate)."""
+    try:
+        desc = await client.get_workflow_handle(workflow_id).describe(
+            rpc_timeout=timedelta(seconds=10)
+        )
+    except RPCError as exc:
+        if exc.status == RPCStatusCode.NOT_FOUND:
+            return NOT_FOUND
+        raise
+    if desc.status == WorkflowExecutionStatus.RUNNING:
+        return None
+    status = desc.status.name.lower() if desc.status is not None else "closed"
+    return f"workflow {status}"
+
+
 async def _child_result(
     client: Client, rid: str, sem: asyncio.Semaphore
 ) -> RolloutResult | str | None:
@@ -235,11 +259,10 @@ def _placeholder(
     )
 
 
-async def _batch(client: Client, job_id: str, index: int, desc: Any, traces: bool) -> BatchView:
-    inp: TasksetRunInput = await read_input(client, desc.id, desc.run_id, TasksetRunInput)
-    rows = batch_rows(inp)
-    status = status_name(desc.status)
-    closed = status != "running"
+async def _latest_by_rollout(client: Client, job_id: str, desc: Any, inp: TasksetRunInput,
+                             rows: list[Task]) -> dict[str, RolloutResult | str | None]:
+    """Rollout id -> its latest result, ``"running"``, a closed child's status, or None: from the
+    batch result when the batch completed, else from its Rollout children."""
     by_id: dict[str, RolloutResult | str | None]
     if desc.status == WorkflowExecutionStatus.COMPLETED:
         res = await client.get_workflow_handle_for(
@@ -259,14 +282,20 @@ async def _batch(client: Client, job_id: str, index: int, desc: Any, traces: boo
             rid: (value if value is not None else carried.get(rid))
             for rid, value in zip(ids, found)
         }
-    store = TraceStore()
+    return by_id
+
+
+def _runs(job_id: str, inp: TasksetRunInput, rows: list[Task], closed: bool,
+          by_id: dict[str, RolloutResult | str | None], store: TraceStore | None) -> list[Run]:
+    """One Run per slot (row, group index) in expansion order; placeholders for rollouts
+    without a result; then any result that matches no slot."""
     runs: list[Run] = []
     for row, gi in _slots(rows, inp.group):
         task = rows[row]
         rid = rollout_id(job_id, task.slug, gi, inp.batch_index)
         value = by_id.pop(rid, None)
         if isinstance(value, RolloutResult):
-            runs.append(_run(value, task, job_id, store if traces else None))
+            runs.append(run_from_result(value, task, job_id, store))
         elif value == "running":
             runs.append(
                 _placeholder(
@@ -294,7 +323,16 @@ async def _batch(client: Client, job_id: str, index: int, desc: Any, traces: boo
             )
     for value in by_id.values():  # results whose id matches no slot (should not happen): keep them
         if isinstance(value, RolloutResult):
-            runs.append(_run(value, None, job_id, store if traces else None))
+            runs.append(run_from_result(value, None, job_id, store))
+    return runs
+
+
+async def _batch(client: Client, job_id: str, index: int, desc: Any, traces: bool) -> BatchView:
+    inp: TasksetRunInput = await read_input(client, desc.id, desc.run_id, TasksetRunInput)
+    rows = batch_rows(inp)
+    status = status_name(desc.status)
+    by_id = await _latest_by_rollout(client, job_id, desc, inp, rows)
+    runs = _runs(job_id, inp, rows, status != "running", by_id, TraceStore() if traces else None)
     memo: dict[str, Any] = {}
     with contextlib.suppress(Exception):
         memo = await desc.memo()
@@ -313,7 +351,9 @@ async def _batch(client: Client, job_id: str, index: int, desc: Any, traces: boo
     )
 
 
-def _run(result: RolloutResult, task: Task | None, job_id: str, store: TraceStore | None) -> Run:
+def run_from_result(result: RolloutResult, task: Task | None, job_id: str,
+                    store: TraceStore | None) -> Run:
+    """A Run from a compact result, its trace (and prompt) loaded from ``store`` when given."""
     trace = None
     if store is not None and result.trace_ref is not None:
         with contextlib.suppress(OSError, ValueError):
@@ -325,6 +365,14 @@ def _run(result: RolloutResult, task: Task | None, job_id: str, store: TraceStor
     return run
 
 
+async def batch_descriptions(client: Client, job_id: str) -> list[Any]:
+    """The current run of every batch of ``job_id`` (``describe()`` results, batch 0 first)."""
+    found = []
+    while (desc := await describe(client, workflow_id(job_id, len(found)))) is not None:
+        found.append(desc)
+    return found
+
+
 async def load_job(client: Client, job_id: str, *, traces: bool = False) -> JobView:
     """Every batch of ``job_id`` with one Run per rollout (traces loaded when ``traces``).
 
@@ -332,14 +380,8 @@ async def load_job(client: Client, job_id: str, *, traces: bool = False) -> JobV
         ConfigError: no job with that id.
     """
     for candidate in workflow_ids(job_id):
-        batches: list[BatchView] = []
-        index = 0
-        while True:
-            desc = await describe(client, workflow_id(candidate, index))
-            if desc is None:
-                break
-            batches.append(await _batch(client, candidate, index, desc, traces))
-            index += 1
+        descs = await batch_descriptions(client, candidate)
+        batches = [await _batch(client, candidate, i, d, traces) for i, d in enumerate(descs)]
         if batches:
             return JobView(job_id=candidate, batches=batches)
     raise ConfigError(f"no job with id {job_id!r} (list recent jobs with `rollouts jobs`)")

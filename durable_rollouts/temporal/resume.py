@@ -5,7 +5,7 @@ starts (so it is found by the job id and carries the same search attributes) wit
 ``only=[(row, group_index), ...]`` and the kept results. Rollout ids derive from the job id, the
 row's slug and the group index, so a re-run rollout keeps its id and replaces its old result
 (latest wins); nothing is matched by comparing configs. Imports temporalio, the workflow names
-and models, and ``commands.jobs`` / ``commands.select``.
+and models, and ``temporal.jobs`` / ``temporal.select``.
 """
 
 from __future__ import annotations

@@ -47,12 +47,14 @@ with workflow.unsafe.imports_passed_through():
         ACT_START,
         ACT_TEARDOWN,
         ACT_VERIFY,
+        ERR_CONFIG,
+        ERR_SUBSTRATE_GONE,
+        NON_RETRYABLE,
         RolloutInput,
     )
 
 __all__ = ["Rollout", "is_substrate_gone"]
 
-NON_RETRYABLE = ["ConfigError", "SubstrateGone"]
 
 
 def _retry(attempts: int, max_interval_s: float = 30.0) -> RetryPolicy:
@@ -98,7 +100,7 @@ def _is_cancelled(err: BaseException) -> bool:
 def is_substrate_gone(err: BaseException) -> bool:
     """True for a failure that means the substrate is gone and the rollout must reprovision."""
     cause = _cause(err)
-    if isinstance(cause, ApplicationError) and cause.type == "SubstrateGone":
+    if isinstance(cause, ApplicationError) and cause.type == ERR_SUBSTRATE_GONE:
         return True
     # A pinned (host/process) queue that nobody polls: its worker, and likely its substrate, died.
     return isinstance(cause, TemporalTimeoutError) and cause.type == TimeoutType.SCHEDULE_TO_START
@@ -106,7 +108,7 @@ def is_substrate_gone(err: BaseException) -> bool:
 
 def _is_config_error(err: BaseException) -> bool:
     cause = _cause(err)
-    return isinstance(cause, ApplicationError) and cause.type == "ConfigError"
+    return isinstance(cause, ApplicationError) and cause.type == ERR_CONFIG
 
 
 def _is_timeout(err: BaseException) -> bool:

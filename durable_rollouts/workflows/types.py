@@ -7,12 +7,13 @@ Must not import envserver, sdk, activities or anything with I/O.
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from durable_rollouts.models import (
     AgentSpec,
     ProviderSpec,
     RolloutResult,
+    StrictModel,
     Task,
 )
 
@@ -28,7 +29,10 @@ __all__ = [
     "ACT_TEARDOWN",
     "ACT_VERIFY",
     "DEFAULT_TASK_QUEUE",
+    "ERR_CONFIG",
+    "ERR_SUBSTRATE_GONE",
     "MAX_CONCURRENT",
+    "NON_RETRYABLE",
     "LoadRowsInput",
     "Progress",
     "ResolveGroupInput",
@@ -56,6 +60,11 @@ ACT_GRADE = "rollouts.grade"
 ACT_VERIFY = "rollouts.verify"
 ACT_TEARDOWN = "rollouts.teardown"
 
+# ApplicationError types the activities raise (activities.failures) and the workflows react to.
+ERR_CONFIG = "ConfigError"  # a user mistake: never retried
+ERR_SUBSTRATE_GONE = "SubstrateGone"  # the substrate is gone: the Rollout workflow reprovisions
+NON_RETRYABLE = [ERR_CONFIG, ERR_SUBSTRATE_GONE]
+
 # Keyword search attributes registered on the embedded dev server (name -> Temporal type).
 SEARCH_ATTRIBUTES = {
     "RolloutsJobId": "Keyword",
@@ -67,8 +76,7 @@ SEARCH_ATTRIBUTES = {
 }
 
 
-class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+_Model = StrictModel  # the one strict base of boundary models (models.py)
 
 
 class ResultsRef(_Model):

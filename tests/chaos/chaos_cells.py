@@ -47,7 +47,7 @@ from durable_rollouts.sdk.taskset import Taskset
 from durable_rollouts.temporal.connection import connect_client
 from durable_rollouts.sdk.tracestore import TraceStore
 
-# worker SIGKILLed at a fault point (durable_rollouts.activities.faults) during each step
+# worker SIGKILLed at a fault point (tests/temporal/faults.py, via `python -m fault_worker`) during each step
 KILL_POINTS = {
     "kill@provision": "after_provision",
     "kill@connect": "after_connect",

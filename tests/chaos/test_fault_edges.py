@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 from chaos_cells import CuttingProxy, _start_env_server
+from faults import maybe_crash
 
-from durable_rollouts.activities.faults import maybe_crash
 from durable_rollouts.errors import ConnectionLostError
 from durable_rollouts.sdk.client import connect
 

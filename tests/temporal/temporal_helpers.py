@@ -87,7 +87,9 @@ class WorkerProcess:
         self.log = Path(penv.get("ROLLOUTS_HOME", "/tmp")) / f"worker-{task_queue}-{time.time_ns()}.log"
         with open(self.log, "wb") as out:
             self.proc = subprocess.Popen(
-                [python, "-m", "durable_rollouts.worker", "--temporal", address,
+                # faults armed: the same product worker with the test's fault interceptor
+                [python, "-m", "fault_worker" if "ROLLOUTS_FAULTS" in penv else "durable_rollouts.worker",
+                 "--temporal", address,
                  "--task-queue", task_queue, "--process-queue", task_queue,
                  *([] if gc_every is None else ["--gc-every", str(gc_every)])],
                 env=penv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True, cwd=cwd,

@@ -24,6 +24,7 @@ __all__ = [
     "Locality",
     "Runtime",
     "SubprocessRuntime",
+    "provider_classes",
     "provider_from_spec",
     "register_provider",
 ]
@@ -41,6 +42,16 @@ _KINDS: dict[str, Callable[[dict[str, Any]], DurableProvider]] = {
     "ssh": _lazy("ssh", "SSHRuntime"),
     "modal": _lazy("modal", "ModalRuntime"),
 }
+
+
+_BUILT_IN = (Runtime, LocalRuntime, SubprocessRuntime)
+_OPTIONAL = (("docker", "DockerRuntime"), ("ssh", "SSHRuntime"), ("modal", "ModalRuntime"))
+
+
+def provider_classes() -> list[type[DurableProvider]]:
+    """Every built-in provider class (gc asks each for its substrates; modules load lazily)."""
+    optional = [getattr(importlib.import_module(f"{__name__}.{m}"), c) for m, c in _OPTIONAL]
+    return [*optional, *_BUILT_IN]
 
 
 def register_provider(kind: str, factory: Callable[[dict[str, Any]], DurableProvider]) -> None:

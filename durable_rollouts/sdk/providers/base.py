@@ -8,13 +8,17 @@ A provider places a task's environment somewhere and says where it answers. Two 
   run);
 * the DESIGN.md face: ``provider(task)`` is an async context manager yielding a ``Runtime``.
 
-Providers also reject ``RuntimeConfig`` fields they cannot honour (``check_config``). This module
-imports models and errors only; each provider lives in its own module.
+Providers also reject ``RuntimeConfig`` fields they cannot honour (``check_config``), and each
+provider that leaves something running lists and reaps its own substrates for gc
+(``list_substrates()`` -> ``Substrate``s, ``reap(substrate, confirm)``), so gc never knows a
+provider's internals. This module imports models and errors only; each provider lives in its own
+module; helpers two providers share (``container_name``, ``merge_config``) live here.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import uuid
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -25,11 +29,47 @@ from typing import Any, ClassVar, Literal
 
 from ...errors import ConfigError, ProviderError, ReadyTimeoutError, UnauthorizedError
 from ...models import Endpoint, ProviderSpec, RuntimeConfig, Task
+from ..paths import safe_name
 from ..tokens import TOKEN_FROM, endpoint_token, token_rejected
 
-__all__ = ["DurableProvider", "Locality", "Runtime", "log_tail"]
+__all__ = ["DurableProvider", "Locality", "Runtime", "Substrate", "container_name", "log_tail",
+           "merge_config"]
 
 Locality = Literal["process", "host", "global"]
+
+
+@dataclass
+class Substrate:
+    """One substrate a provider placed and still sees on this host (a gc candidate).
+
+    ``kind`` is the provider's ``kind``; ``labels`` the owner labels (``sdk.labels``); ``handle``
+    what the provider needs to remove it; ``alive``/``owner_gone``/``dead`` what gc judges it by
+    (``dead``: why it can never serve again, e.g. ``process already dead``; '' when it could).
+    """
+
+    kind: str
+    labels: dict[str, str]
+    handle: dict[str, Any]
+    alive: bool
+    owner_gone: bool = False
+    dead: str = ""
+
+
+def container_name(key: str) -> str:
+    """A valid, collision-free container/sandbox name for a rollout key."""
+    digest = hashlib.sha1(key.encode()).hexdigest()[:10]
+    return f"rollouts-{safe_name(key)[:80]}-{digest}"
+
+
+def merge_config(base: RuntimeConfig | None, override: RuntimeConfig | None) -> RuntimeConfig:
+    """``override``'s set fields on top of ``base``'s (field by field inside resources/limits)."""
+    merged = (base or RuntimeConfig()).model_dump(exclude_none=True)
+    for name, value in (override or RuntimeConfig()).model_dump(exclude_none=True).items():
+        if isinstance(value, dict):
+            merged.setdefault(name, {}).update(value)
+        else:
+            merged[name] = value
+    return RuntimeConfig.model_validate(merged)
 
 
 class DurableProvider(ABC):
@@ -77,6 +117,19 @@ class DurableProvider(ABC):
     def __call__(self, task: Task) -> Any:
         """The DESIGN.md provider face: ``async with provider(task) as runtime``."""
         return _provide(self, task)
+
+    # -- gc: the substrates this kind of provider left on this host ------------------------
+
+    @classmethod
+    def list_substrates(cls) -> list[Substrate]:
+        """Every substrate of this kind on this host (labelled with ``sdk.labels``)."""
+        return []
+
+    @classmethod
+    async def reap(cls, substrate: Substrate, confirm: Callable[[], Awaitable[bool]]) -> bool:
+        """Remove ``substrate`` if ``confirm()`` (asked at the last moment, under whatever lock
+        the provider keeps) still says it is an orphan; True when it was removed."""
+        return False
 
 
 @asynccontextmanager

@@ -17,20 +17,28 @@ layer (owner labels come from ``durable_rollouts.gc``).
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import hmac
 import logging
 import socket
 import threading
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any, ClassVar
 
 from ...errors import ConfigError, ProviderError, ReadyTimeoutError
 from ...models import Endpoint, ProviderSpec, RuntimeConfig, Task
-from durable_rollouts.gc import LABEL_DEADLINE, LABEL_KEY, owner_labels
-from ..paths import safe_name
+from durable_rollouts.sdk.labels import LABEL_DEADLINE, LABEL_KEY, owner_labels
 from ..tokens import derived_params, substrate_token
-from .base import CONTAINER_FIELDS, DurableProvider, Locality, probe_ready
+from .base import (
+    CONTAINER_FIELDS,
+    DurableProvider,
+    Locality,
+    Substrate,
+    container_name,
+    merge_config,
+    probe_ready,
+)
+from .docker_substrates import force_remove, labelled_containers
 
 __all__ = ["DockerRuntime", "container_name"]
 
@@ -58,23 +66,6 @@ _FORBIDDEN_RUN_ARGS = frozenset(
     }
 )
 _RESERVED_ENV = frozenset({TOKEN_VAR, "ROLLOUTS_ENV_PORT", "ROLLOUTS_RUN_TIMEOUT_S"})
-
-
-def container_name(key: str) -> str:
-    """A valid, collision-free Docker container name for a rollout key."""
-    digest = hashlib.sha1(key.encode()).hexdigest()[:10]
-    return f"rollouts-{safe_name(key)[:80]}-{digest}"
-
-
-def merge_config(base: RuntimeConfig | None, override: RuntimeConfig | None) -> RuntimeConfig:
-    """``override``'s set fields on top of ``base``'s (field by field inside resources/limits)."""
-    merged = (base or RuntimeConfig()).model_dump(exclude_none=True)
-    for name, value in (override or RuntimeConfig()).model_dump(exclude_none=True).items():
-        if isinstance(value, dict):
-            merged.setdefault(name, {}).update(value)
-        else:
-            merged[name] = value
-    return RuntimeConfig.model_validate(merged)
 
 
 class DockerRuntime(DurableProvider):
@@ -401,6 +392,21 @@ class DockerRuntime(DurableProvider):
             or container_name(endpoint.key)
         )
         await asyncio.to_thread(self._remove, str(target))
+
+    # -- gc --------------------------------------------------------------------------------------
+
+    @classmethod
+    def list_substrates(cls) -> list[Substrate]:
+        """The containers labelled ``durable-rollouts.key`` on this engine."""
+        return labelled_containers()
+
+    @classmethod
+    async def reap(cls, substrate: Substrate, confirm: Callable[[], Awaitable[bool]]) -> bool:
+        """Force-remove the container once ``confirm()`` agrees (containers have no lock)."""
+        if not await confirm():
+            return False
+        await asyncio.to_thread(force_remove, substrate.handle["id"])
+        return True
 
 
 def _container_env(container: Any) -> dict[str, str]:

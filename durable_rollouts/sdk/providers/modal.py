@@ -22,10 +22,9 @@ from typing import Any, ClassVar
 
 from ...errors import ConfigError, ProviderError, ReadyTimeoutError
 from ...models import Endpoint, ProviderSpec, RuntimeConfig, Task
-from durable_rollouts.gc import LABEL_KEY, owner_labels
+from durable_rollouts.sdk.labels import LABEL_KEY, owner_labels
 from ..tokens import derived_params, substrate_token
-from .base import CONTAINER_FIELDS, DurableProvider, Locality, probe_ready
-from .docker import container_name, merge_config
+from .base import CONTAINER_FIELDS, DurableProvider, Locality, container_name, merge_config, probe_ready
 
 __all__ = ["ModalRuntime"]
 

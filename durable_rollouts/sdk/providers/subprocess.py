@@ -11,32 +11,50 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import fcntl
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, ClassVar
 
 from ...errors import ConfigError, ProviderError, ReadyTimeoutError
 from ...models import Endpoint, ProviderSpec, Task
 from ...protocol import SERVE_PORT_ANNOUNCEMENT
+from ..labels import LABEL_HOST, LABEL_KEY, LABEL_WORKFLOW, workflow_for_key
+from ..locks import file_lock
 from ..paths import rollouts_home, safe_name
-from ..procs import pid_alive, read_state, write_state
-from .base import DurableProvider, Locality, log_tail
+from ..procs import (
+    is_env_server,
+    kill_group,
+    pid_alive,
+    read_state,
+    spawner_gone,
+    start_time,
+    write_state,
+)
+from .base import DurableProvider, Locality, Substrate, log_tail
 
-__all__ = ["SubprocessRuntime", "substrate_dir"]
+__all__ = ["SubprocessRuntime", "substrate_dir", "substrates_root"]
 
 _CHILDREN: dict[int, subprocess.Popen[bytes]] = {}  # our own children, reaped on release
 
 
+REAP_LOCK_WAIT_S = 5.0  # a substrate locked longer than this is busy: gc skips it this time
+
+
+def substrates_root() -> Path:
+    """Where each live child keeps ``<safe key>/state.json`` (and its log)."""
+    return rollouts_home() / "substrates"
+
+
 def substrate_dir(key: str) -> Path:
     """The state directory of the substrate placed under ``key``."""
-    return rollouts_home() / "substrates" / safe_name(key)
+    return substrates_root() / safe_name(key)
 
 
 class SubprocessRuntime(DurableProvider):
@@ -87,7 +105,7 @@ class SubprocessRuntime(DurableProvider):
             raise ConfigError(f"SubprocessRuntime needs an env file; got {source!r} for task {task.slug}")
         directory = substrate_dir(key)
         directory.mkdir(parents=True, exist_ok=True)
-        async with _locked(directory / "lock"):
+        async with file_lock(directory / "lock"):
             state = read_state(directory)
             if state and state.get("port") and _alive(int(state["pid"]), state.get("birth")):
                 return self._endpoint(task, key, state)
@@ -101,7 +119,7 @@ class SubprocessRuntime(DurableProvider):
         if not directory.exists() and not endpoint.handle:
             return
         directory.mkdir(parents=True, exist_ok=True)
-        async with _locked(directory / "lock"):
+        async with file_lock(directory / "lock"):
             state = read_state(directory) or {}
             for source in (state, endpoint.handle):
                 if source.get("pid"):
@@ -109,6 +127,49 @@ class SubprocessRuntime(DurableProvider):
                     await _stop_group(pid, int(source.get("pgid") or pid), source.get("birth"))
             # The log goes too: a failed start keeps it (its path is in the error message).
             shutil.rmtree(directory, ignore_errors=True)
+
+    # -- gc -------------------------------------------------------------------------------
+
+    @classmethod
+    def list_substrates(cls) -> list[Substrate]:
+        """The env servers recorded under ``$ROLLOUTS_HOME/substrates``. Their state has no
+        labels: the key is the directory name (``safe_name(key)``, equal to the key for the ids
+        this package makes) and the workflow id is derived from it."""
+        out = []
+        root = substrates_root()
+        for path in sorted(root.glob("*/state.json")) if root.is_dir() else []:
+            state = read_state(path.parent)
+            if state is None:
+                continue
+            pid, key = int(state["pid"]), path.parent.name
+            labels = {LABEL_KEY: key, LABEL_WORKFLOW: workflow_for_key(key),
+                      LABEL_HOST: socket.gethostname()}
+            alive = is_env_server(pid, state.get("birth"))
+            handle = {"pid": pid, "pgid": int(state.get("pgid") or pid), "dir": str(path.parent),
+                      "birth": state.get("birth")}
+            out.append(Substrate(cls.kind, labels, handle, alive=alive,
+                                 owner_gone=not alive or spawner_gone(pid),
+                                 dead="" if alive else "process already dead"))
+        return out
+
+    @classmethod
+    async def reap(cls, substrate: Substrate, confirm: Callable[[], Awaitable[bool]]) -> bool:
+        """Kill the env server's group and remove its directory, under the substrate's lock,
+        if it was not replaced meanwhile and ``confirm()`` agrees; a lock held longer than
+        ``REAP_LOCK_WAIT_S`` means the provider is busy with it (skipped this time)."""
+        directory = Path(substrate.handle["dir"])
+        pid = int(substrate.handle["pid"])
+        try:
+            async with file_lock(directory / "lock", timeout=REAP_LOCK_WAIT_S) as held:
+                state = read_state(directory)
+                if not held or state is None or int(state["pid"]) != pid or not await confirm():
+                    return False
+                if is_env_server(pid, substrate.handle.get("birth")):
+                    kill_group(pid, int(substrate.handle.get("pgid") or pid))
+                shutil.rmtree(directory, ignore_errors=True)
+                return True
+        except OSError:  # the directory is gone: nothing left to reap
+            return False
 
     # -- helpers --------------------------------------------------------------------------
 
@@ -132,7 +193,7 @@ class SubprocessRuntime(DurableProvider):
             )
         _CHILDREN[proc.pid] = proc
         # Recorded before it is ready, so a release by key finds even a half-started server.
-        birth = _birth(proc.pid)
+        birth = start_time(proc.pid)
         write_state(directory, {"pid": proc.pid, "pgid": proc.pid, "port": None, "log": str(log),
                                  "birth": birth})
         limits = task.runtime_config.limits if task.runtime_config is not None else None
@@ -198,47 +259,21 @@ def _running(pid: int) -> bool:
     return pid_alive(pid)
 
 
-def _birth(pid: int) -> str | None:
-    """The process start time (clock ticks since boot): with the pid, a unique identity."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[-1].split()[19]
-    except (OSError, IndexError):
-        return None
-
-
-def _alive(pid: int, birth: str | None = None) -> bool:
-    """True when ``pid`` is a running env server, the one born at ``birth`` if given (so a
-    reused pid is never mistaken for it)."""
-    if not _running(pid):
-        return False
-    if birth is not None and _birth(pid) not in (None, birth):
-        return False
-    try:
-        return b"durable_rollouts.envserver" in Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        return not Path("/proc/self").exists()
-
-
-def _kill_group(pid: int, pgid: int, sig: int = signal.SIGKILL) -> None:
-    if pgid <= 1 or pgid == os.getpgrp():
-        pgid = 0  # never signal our own group: fall back to the single pid
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        if pgid:
-            os.killpg(pgid, sig)
-        else:
-            os.kill(pid, sig)
+def _alive(pid: int, born: str | None = None) -> bool:
+    """True when ``pid`` is a running env server, the one born at ``born`` if given."""
+    return _running(pid) and is_env_server(pid, born)
 
 
 async def _stop_group(pid: int, pgid: int, birth: str | None = None, grace: float = 3.0) -> None:
     """SIGTERM the group, wait up to ``grace`` seconds, then SIGKILL; reap our own child."""
     if _alive(pid, birth):  # identity checked once, before any signal
-        _kill_group(pid, pgid, signal.SIGTERM)
+        kill_group(pid, pgid, signal.SIGTERM)
         deadline = time.monotonic() + grace
         while _running(pid) and time.monotonic() < deadline:
             await asyncio.sleep(0.02)
         # Stragglers of the group (children the env spawned). The leader was ours just now,
         # so this group id still belongs to it.
-        _kill_group(pid, pgid, signal.SIGKILL)
+        kill_group(pid, pgid, signal.SIGKILL)
         deadline = time.monotonic() + 2.0
         while _running(pid) and time.monotonic() < deadline:
             await asyncio.sleep(0.02)
@@ -246,19 +281,3 @@ async def _stop_group(pid: int, pgid: int, birth: str | None = None, grace: floa
     if child is not None:
         with contextlib.suppress(Exception):
             await asyncio.to_thread(child.wait, 5)
-
-
-@contextlib.asynccontextmanager
-async def _locked(path: Path) -> AsyncIterator[None]:
-    """An advisory file lock across processes (polled, so the event loop keeps running)."""
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
-    try:
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                await asyncio.sleep(0.02)
-        yield
-    finally:
-        os.close(fd)  # closing releases the lock

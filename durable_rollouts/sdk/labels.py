@@ -6,7 +6,9 @@ else derived from the key by :func:`workflow_for_key`: durable keys are the work
 ``-a<N>`` for a retry attempt; direct-path keys name no workflow), the job id when it can be read
 from that workflow id, the owning host and process, the run deadline and the Temporal server and
 namespace of that activity (``durable-rollouts.temporal``, see :func:`server_id`).
-Imports temporalio lazily.
+
+Temporal-free: the activity layer says which workflow and server it runs for by setting
+:data:`current_owner` around each activity (``activities.owner.OwnerInterceptor``).
 """
 
 from __future__ import annotations
@@ -15,10 +17,8 @@ import os
 import re
 import socket
 import time
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from temporalio.client import Client
+from contextvars import ContextVar
+from typing import Any
 
 __all__ = [
     "LABEL_DEADLINE",
@@ -30,6 +30,7 @@ __all__ = [
     "LABEL_WORKFLOW",
     "job_from_workflow_id",
     "owner_labels",
+    "current_owner",
     "server_id",
     "workflow_for_key",
 ]
@@ -43,28 +44,11 @@ LABEL_OWNER = "durable-rollouts.owner"
 LABEL_TEMPORAL = "durable-rollouts.temporal"
 
 
-def _current_workflow_id() -> str:
-    """The id of the workflow whose activity is running this code ('' outside an activity)."""
-    try:
-        from temporalio import activity
-    except ImportError:  # pragma: no cover - temporalio is a dependency
-        return ""
-    if not activity.in_activity():
-        return ""
-    return activity.info().workflow_id or ""
+# (workflow id, ``<server>/<namespace>``) of the activity running this code; ('', '') outside one.
+current_owner: ContextVar[tuple[str, str]] = ContextVar("rollouts_substrate_owner", default=("", ""))
 
 
-def _current_temporal() -> str:
-    """``<server>/<namespace>`` of the activity running this code ('' outside an activity)."""
-    try:
-        from temporalio import activity
-
-        return server_id(activity.client()) if activity.in_activity() else ""
-    except Exception:  # noqa: BLE001 - no client in this activity: the label stays empty
-        return ""
-
-
-def server_id(client: Client) -> str:
+def server_id(client: Any) -> str:
     """``<target host>/<namespace>`` of a Temporal client (the ``LABEL_TEMPORAL`` value)."""
     return f"{client.service_client.config.target_host}/{client.namespace}"
 
@@ -95,7 +79,8 @@ def owner_labels(
     key: str, *, slug: str | None = None, run_timeout_s: float | None = None
 ) -> dict[str, str]:
     """Labels that tie a substrate to its rollout (all values are strings, '' when unknown)."""
-    workflow_id = _current_workflow_id() or workflow_for_key(key)
+    owner_workflow, owner_server = current_owner.get()
+    workflow_id = owner_workflow or workflow_for_key(key)
     job = job_from_workflow_id(workflow_id, slug) or job_from_workflow_id(key, slug)
     deadline = f"{time.time() + run_timeout_s:.0f}" if run_timeout_s else ""
     return {
@@ -105,5 +90,5 @@ def owner_labels(
         LABEL_HOST: socket.gethostname(),
         LABEL_OWNER: str(os.getpid()),
         LABEL_DEADLINE: deadline,
-        LABEL_TEMPORAL: _current_temporal(),
+        LABEL_TEMPORAL: owner_server,
     }

@@ -1,0 +1,49 @@
+"""``RolloutsPlugin``: add durable rollouts to your own temporalio Client and Worker.
+
+One temporalio ``SimplePlugin`` bundles what a worker of this package needs: the data converter
+(pydantic, plus the payload codec with ``ROLLOUTS_PAYLOAD_KEY``), the ``TasksetRun`` and
+``Rollout`` workflows, every ``rollouts.*`` activity and the owner interceptor that labels
+substrates for gc::
+
+    client = await Client.connect("temporal:7233", plugins=[RolloutsPlugin(task_queue="q")])
+    async with Worker(client, task_queue="q"):     # the client's plugin configures the worker
+        job = await taskset.run(agent, runtime=rt, temporal=client, task_queue="q", worker=False)
+
+``durable_rollouts.worker.build_worker`` remains the packaged worker (it also polls per-host and
+per-process queues and runs the gc sweep); this plugin is a single-queue worker.
+"""
+
+from __future__ import annotations
+
+from temporalio.plugin import SimplePlugin
+
+from durable_rollouts.activities import Queues, RolloutActivities, TasksetActivities
+from durable_rollouts.activities.owner import OwnerInterceptor
+from durable_rollouts.sdk.tracestore import TraceStore
+from durable_rollouts.temporal.codec import data_converter
+from durable_rollouts.workflows import Rollout, TasksetRun
+from durable_rollouts.workflows.types import DEFAULT_TASK_QUEUE
+
+__all__ = ["PLUGIN_NAME", "RolloutsPlugin"]
+
+PLUGIN_NAME = "durable_rollouts.RolloutsPlugin"
+
+
+class RolloutsPlugin(SimplePlugin):
+    """Converter, workflows, activities and interceptor of durable rollouts, as one plugin.
+
+    Args:
+        task_queue: the queue the worker polls (substrate-local steps are pinned to it, too).
+        trace_store: where agent traces are written (default ``$ROLLOUTS_HOME/traces``).
+    """
+
+    def __init__(self, *, task_queue: str = DEFAULT_TASK_QUEUE,
+                 trace_store: TraceStore | None = None) -> None:
+        rollout = RolloutActivities(Queues(shared=task_queue), trace_store=trace_store)
+        super().__init__(
+            PLUGIN_NAME,
+            data_converter=data_converter(),
+            interceptors=[OwnerInterceptor()],
+            activities=[*rollout.all(), *TasksetActivities().all()],
+            workflows=[TasksetRun, Rollout],
+        )
