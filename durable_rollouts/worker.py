@@ -22,11 +22,19 @@ import socket
 from datetime import timedelta
 from typing import Any, Self
 
+from temporalio import workflow
 from temporalio.client import Client
-from temporalio.worker import Worker
+from temporalio.worker import (
+    ExecuteWorkflowInput,
+    Interceptor,
+    Worker,
+    WorkflowInboundInterceptor,
+    WorkflowInterceptorClassInput,
+)
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
 
 from durable_rollouts.activities import Queues, RolloutActivities, TasksetActivities
+from durable_rollouts.sdk.board import BOARD
 from durable_rollouts.sdk.tracestore import TraceStore
 from durable_rollouts.workflows import Rollout, TasksetRun
 from durable_rollouts.workflows.types import DEFAULT_TASK_QUEUE
@@ -50,6 +58,33 @@ def process_queue_name(task_queue: str = DEFAULT_TASK_QUEUE) -> str:
     return f"{task_queue}@{socket.gethostname()}:{os.getpid()}"
 
 
+class _BoardInbound(WorkflowInboundInterceptor):
+    """Posts Rollout starts/results to the in-process ``BOARD`` (no commands: replay-safe)."""
+
+    async def execute_workflow(self, input: ExecuteWorkflowInput) -> Any:
+        info = workflow.info()
+        if info.workflow_type == "TasksetRun":
+            result = await super().execute_workflow(input)  # continue-as-new raises: keep counting
+            BOARD.close(info.workflow_id)
+            return result
+        batch = info.parent.workflow_id if info.parent is not None else None
+        if info.workflow_type != "Rollout" or batch is None:
+            return await super().execute_workflow(input)
+        BOARD.started(batch, info.workflow_id)
+        try:
+            result = await super().execute_workflow(input)
+        except asyncio.CancelledError:  # the parent counts it cancelled too (eviction is no Exception)
+            BOARD.finished(batch, info.workflow_id, "cancelled", None)
+            raise
+        BOARD.finished(batch, info.workflow_id, getattr(result, "status", ""), getattr(result, "reward", None))
+        return result
+
+
+class _Board(Interceptor):
+    def workflow_interceptor_class(self, input: WorkflowInterceptorClassInput) -> type[WorkflowInboundInterceptor]:
+        return _BoardInbound
+
+
 class RolloutWorker:
     """One or more temporalio Workers (shared queue + this host's/process's queues), plus the
     orphan sweep every ``gc_every_s`` seconds while they run (0 = none)."""
@@ -61,6 +96,7 @@ class RolloutWorker:
         self._task: asyncio.Task[Any] | None = None
 
     async def run(self) -> None:
+        BOARD.workers += 1
         sweeper = None
         if self.gc_every_s > 0:
             from durable_rollouts.sdk.gc import sweep
@@ -69,6 +105,7 @@ class RolloutWorker:
         try:
             await asyncio.gather(*(w.run() for w in self.workers))
         finally:
+            BOARD.workers -= 1
             if sweeper is not None:
                 sweeper.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
@@ -132,7 +169,7 @@ def build_worker(client: Client, *, task_queue: str = DEFAULT_TASK_QUEUE, host_q
         client, task_queue=task_queue, workflows=WORKFLOWS, activities=activities,
         workflow_runner=runner if sandbox else _unsandboxed(),
         max_concurrent_workflow_tasks=max_concurrent_workflow_tasks,
-        sticky_queue_schedule_to_start_timeout=timedelta(seconds=5),
+        sticky_queue_schedule_to_start_timeout=timedelta(seconds=5), interceptors=[_Board()],
         **common,
     )]
     for queue in queues.extra:
