@@ -48,6 +48,8 @@ DEFAULT_GC_EVERY_S = 300.0  # the orphan sweep of worker processes; 0 disables i
 GC_EVERY_ENV = "ROLLOUTS_GC_EVERY"
 
 WORKFLOWS = [TasksetRun, Rollout]
+# Heartbeats reach the server at most this often (activities/rollout.py beats at the same rate).
+HEARTBEAT_THROTTLE = timedelta(seconds=2)
 
 
 def host_queue_name(task_queue: str = DEFAULT_TASK_QUEUE) -> str:
@@ -160,8 +162,8 @@ def build_worker(client: Client, *, task_queue: str = DEFAULT_TASK_QUEUE, host_q
     common: dict[str, Any] = {
         "max_concurrent_activities": max_concurrent_activities,
         "max_concurrent_local_activities": max_concurrent_activities,
-        "max_heartbeat_throttle_interval": timedelta(seconds=2),
-        "default_heartbeat_throttle_interval": timedelta(seconds=2),
+        "max_heartbeat_throttle_interval": HEARTBEAT_THROTTLE,
+        "default_heartbeat_throttle_interval": HEARTBEAT_THROTTLE,
         "graceful_shutdown_timeout": timedelta(seconds=graceful_shutdown_s),
         "identity": identity,
     }
