@@ -5,7 +5,8 @@
    added p50 latency.
 2. Throughput: ``--n`` rollouts of a ``--sleep`` s sleep agent at ``--concurrency``, through
    ``direct`` (``sdk.direct.run_direct``), ``plain`` (temporalio only: one parent workflow, one
-   child per rollout, one sleeping activity each; ``_plain.py``), ``durable`` (``Taskset.run``),
+   child per rollout, one sleeping activity each; ``_plain.py``), ``plain-6steps`` (the same with
+   our Rollout's six steps, five of them no-op local activities), ``durable`` (``Taskset.run``),
    ``cli`` (``rollouts run`` as a subprocess on a pseudo-terminal, so its live progress bar really
    renders) and ``cli-json`` (``rollouts run --json``, stderr not a terminal: no bar). The paths
    are interleaved ``--repeats`` times (drift on a busy box hits every path alike) and the medians
@@ -15,7 +16,7 @@
 4. ``--long``: 30 s agents, 128 rollouts, concurrency 64 (direct, plain, durable; ~4 min a repeat).
 
     python benchmarks/bench_overhead.py [--samples 20] [--n 256] [--sleep 2] [--repeats 3]
-        [--paths direct,plain,durable,cli,cli-json] [--group-rows] [--long]
+        [--paths direct,plain,plain-6steps,durable,cli,cli-json] [--group-rows] [--long]
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ import psutil
 from _common import LETTERS, letter_tasks, percentile, private_home
 from _plain import plain_worker, run_plain
 
-ALL_PATHS = ("direct", "plain", "durable", "cli", "cli-json")
+ALL_PATHS = ("direct", "plain", "plain-6steps", "durable", "cli", "cli-json")
 CLI_QUEUE = "bench-cli"  # the CLI's own in-process worker; this process's worker never serves it
 
 
@@ -128,13 +129,15 @@ class Bench:
             job = await run_direct(tasks, agent, runtime, group=group, max_concurrent=concurrency)
             return sum(r.reward == 1.0 for r in job.runs)
 
-        async def plain() -> int:
-            return await run_plain(self.client, f"{os.getpid()}-{self.count}", n, concurrency, sleep)  # type: ignore[arg-type]
+        async def plain(steps: int = 1) -> int:
+            return await run_plain(self.client, f"{os.getpid()}-{self.count}", n, concurrency, sleep,  # type: ignore[arg-type]
+                                   steps)
 
         if name in ("cli", "cli-json"):
             return await self.measure(lambda: self.cli(name == "cli", n, sleep, concurrency),
                                       subprocess_cpu=True)
-        return await self.measure({"durable": durable, "direct": direct, "plain": plain}[name])
+        runs = {"durable": durable, "direct": direct, "plain": plain, "plain-6steps": lambda: plain(6)}
+        return await self.measure(runs[name])
 
     async def cli(self, bar: bool, n: int, sleep: float, concurrency: int) -> int:
         out = self.home / f"cli-{self.count}.json"
@@ -242,6 +245,7 @@ async def main(args: argparse.Namespace) -> None:
                                 args.concurrency)
         ratio(rows, "durable", "direct", "durable/direct")
         ratio(rows, "durable", "plain", "durable/plain")
+        ratio(rows, "durable", "plain-6steps", "durable/plain-6steps")
         ratio(rows, "cli", "cli-json", "cli (progress bar)/cli --json")
         ratio(rows, "cli", "durable", "cli (progress bar)/Taskset.run")
         if args.group_rows:
