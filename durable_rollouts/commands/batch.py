@@ -245,7 +245,14 @@ async def run_batch(opts: RunOptions, out: Console, err: Console) -> int:
         ui,
     )
     await follow(handle.handle, err, total=total, label="rollouts")
-    return await finish(client, job.id, out, as_json=opts.as_json, output=opts.output, ui=ui)
+    code = await finish(client, job.id, out, as_json=opts.as_json, output=opts.output, ui=ui)
+    if in_process:
+        from ..sdk.orchestrate import shutdown_embedded
+
+        # A clean shutdown takes milliseconds; left to the exit clean-up, which cancels every task
+        # at once (temporalio's pollers too), it waited out CLEANUP_S: ~15 s after every run.
+        await shutdown_embedded()
+    return code
 
 
 def _detached(
