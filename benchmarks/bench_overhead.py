@@ -50,6 +50,7 @@ class Sample:
     ok: int
     cpu: float  # s, worker + client (this process, or the CLI's process tree)
     server_cpu: float  # s, the dev server
+    batch: float = 0.0  # s, the TasksetRun's start to close on the server (durable paths only)
 
 
 @dataclass
@@ -95,15 +96,22 @@ class Bench:
         self.server_pid = server_pid
         self.client = client
         self.count = 0
+        self.job_id: str | None = None  # set by a durable path: its batch time is looked up
 
     async def measure(self, run: Callable[[], Awaitable[int]], *, subprocess_cpu: bool = False) -> Sample:
         self.count += 1
+        self.job_id = None
         server0, self0, kids0 = _tree_cpu(self.server_pid), _self_cpu(), _children_cpu()
         t0 = time.perf_counter()
         ok = await run()
         wall = time.perf_counter() - t0
         cpu = (_children_cpu() - kids0) if subprocess_cpu else (_self_cpu() - self0)
-        return Sample(wall=wall, ok=ok, cpu=cpu, server_cpu=_tree_cpu(self.server_pid) - server0)
+        sample = Sample(wall=wall, ok=ok, cpu=cpu, server_cpu=_tree_cpu(self.server_pid) - server0)
+        if self.job_id is not None:
+            desc = await self.client.get_workflow_handle(f"job-{self.job_id}").describe()  # type: ignore[attr-defined]
+            if desc.close_time is not None:
+                sample.batch = (desc.close_time - desc.start_time).total_seconds()
+        return sample
 
     def tasks_file(self, n: int) -> Path:
         path = self.home / f"tasks-{n}.jsonl"
@@ -123,6 +131,7 @@ class Bench:
 
         async def durable() -> int:
             job = await tasks.run(agent, runtime=runtime, group=group, max_concurrent=concurrency)
+            self.job_id = job.id
             return sum(r.reward == 1.0 for r in job.runs)
 
         async def direct() -> int:
@@ -161,6 +170,7 @@ class Bench:
             raise SystemExit(f"rollouts run failed ({proc.returncode}): {err.read_text()[-2000:]}") from None
         if bar and b"\x1b[" not in err.read_bytes():
             raise SystemExit("the progress bar did not render on the pseudo-terminal")
+        self.job_id = str(data["job_id"])
         return int(data["counts"].get("succeeded", 0))
 
 
@@ -201,19 +211,21 @@ async def throughput(bench: Bench, title: str, paths: list[str], repeats: int, n
     ideal = n / concurrency * sleep
     print(f"{title}: {n} rollouts of a {sleep:g} s agent at concurrency {concurrency} "
           f"(ideal {ideal:.1f} s), median of {repeats}:")
-    print(f"  {'path':12s} {'wall s':>7s} {'runs':>12s} {'rollouts/s':>10s} {'cpu ms/rollout':>15s} "
-          f"{'server ms/rollout':>18s}")
+    print(f"  {'path':12s} {'wall s':>7s} {'runs':>16s} {'batch s':>8s} {'rollouts/s':>10s} "
+          f"{'cpu ms/rollout':>15s} {'server ms/rollout':>18s}")
     for key, row in rows.items():
         walls = ", ".join(f"{s.wall:.1f}" for s in row.samples)
-        print(f"  {key:12s} {row.median('wall'):7.1f} {walls:>12s} {n / row.median('wall'):10.1f} "
+        batch = f"{row.median('batch'):.1f}" if row.median("batch") else "-"
+        print(f"  {key:12s} {row.median('wall'):7.1f} {walls:>16s} {batch:>8s} {n / row.median('wall'):10.1f} "
               f"{row.median('cpu') / n * 1000:15.1f} {row.median('server_cpu') / n * 1000:18.1f}"
               f"   ok {min(s.ok for s in row.samples)}/{n}")
     return rows
 
 
-def ratio(rows: dict[str, Row], num: str, den: str, label: str) -> None:
-    if num in rows and den in rows:
-        print(f"  {label} throughput ratio {rows[den].median('wall') / rows[num].median('wall'):.2f}")
+def ratio(rows: dict[str, Row], num: str, den: str, label: str, attr: str = "wall") -> None:
+    if num in rows and den in rows and rows[num].median(attr) > 0:
+        what = "throughput" if attr == "wall" else "batch-time"
+        print(f"  {label} {what} ratio {rows[den].median(attr) / rows[num].median(attr):.2f}")
 
 
 async def main(args: argparse.Namespace) -> None:
@@ -248,6 +260,9 @@ async def main(args: argparse.Namespace) -> None:
         ratio(rows, "durable", "plain-6steps", "durable/plain-6steps")
         ratio(rows, "cli", "cli-json", "cli (progress bar)/cli --json")
         ratio(rows, "cli", "durable", "cli (progress bar)/Taskset.run")
+        # The CLI's wall includes its start-up (imports, connecting): compare the batches too.
+        ratio(rows, "cli", "cli-json", "cli (progress bar)/cli --json", "batch")
+        ratio(rows, "cli", "durable", "cli (progress bar)/Taskset.run", "batch")
         if args.group_rows:
             g = await throughput(bench, "distinct rows vs one row x group", ["durable", "direct"],
                                  args.repeats, args.n, args.sleep, args.concurrency, (1, args.n))
