@@ -253,8 +253,8 @@ async def main(args: argparse.Namespace) -> None:
         await run_plain(client, "warm", 2, 2, 0.0)
         if args.samples:
             await latency(args.samples)
-        rows = await throughput(bench, "throughput", paths, args.repeats, args.n, args.sleep,
-                                args.concurrency)
+        rows = {} if args.no_main else await throughput(
+            bench, "throughput", paths, args.repeats, args.n, args.sleep, args.concurrency)
         ratio(rows, "durable", "direct", "durable/direct")
         ratio(rows, "durable", "plain", "durable/plain")
         ratio(rows, "durable", "plain-6steps", "durable/plain-6steps")
@@ -285,6 +285,7 @@ if __name__ == "__main__":
     parser.add_argument("--paths", default=",".join(ALL_PATHS))
     parser.add_argument("--group-rows", action="store_true", help="also: N rows vs 1 row x group N")
     parser.add_argument("--long", action="store_true", help="also: 128 x 30 s agents at concurrency 64")
+    parser.add_argument("--no-main", action="store_true", help="skip the --n/--sleep throughput rows")
     args = parser.parse_args()
     with private_home():
         asyncio.run(main(args))
