@@ -49,11 +49,13 @@ __all__ = ["Queues", "RolloutActivities"]
 
 T = TypeVar("T")
 
-# The background beat of long steps. The worker throttles heartbeats to one per 2 s
-# (worker.HEARTBEAT_THROTTLE), so beating faster only costs CPU (each beat is an asyncio task and
-# a payload conversion) without reaching the server sooner; 2 s keeps the shortest heartbeat
-# timeout (the agent's 5 s) covered more than twice.
-BEAT_S = 2.0
+# The background beat of long steps: one beat as the step begins (an eagerly dispatched step
+# counts as started on the server before a busy worker gets to run it), then every BEAT_S. The
+# worker sends at most one heartbeat per 2 s (worker.HEARTBEAT_THROTTLE); beating at half that
+# keeps a loop stall of ~3 s inside the agent's 5 s heartbeat timeout. One source only: the
+# agent step used to beat twice as often (steps' own beat as well), each beat an asyncio task
+# and a payload-converter copy in temporalio.
+BEAT_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -109,6 +111,7 @@ class RolloutActivities:
             return await step
         task = asyncio.ensure_future(step)
         try:
+            activity.heartbeat()
             while True:
                 done, _ = await asyncio.wait({task}, timeout=self.beat_s)
                 if done:
