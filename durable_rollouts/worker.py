@@ -8,6 +8,8 @@ HOST:PORT [--task-queue Q] [--host-queue auto|NAME] [--gc-every SECONDS]`` runs 
 process (crash tests SIGKILL these); SIGTERM/SIGINT shut it down gracefully. With ``gc_every_s``
 the worker also runs ``sdk.gc.sweep`` in the background (default 300 s for worker processes, off
 for workers built in-process): substrates whose rollout is over are removed without ``rollouts gc``.
+A workflow interceptor posts every Rollout child's start and result to the in-process progress
+board (``sdk.board``), which ``rollouts run`` reads instead of querying the batch workflow.
 """
 
 from __future__ import annotations
@@ -48,7 +50,7 @@ DEFAULT_GC_EVERY_S = 300.0  # the orphan sweep of worker processes; 0 disables i
 GC_EVERY_ENV = "ROLLOUTS_GC_EVERY"
 
 WORKFLOWS = [TasksetRun, Rollout]
-# Heartbeats reach the server at most this often (activities/rollout.py beats at the same rate).
+# Heartbeats reach the server at most this often (activities/rollout.py beats twice as often).
 HEARTBEAT_THROTTLE = timedelta(seconds=2)
 
 
@@ -75,15 +77,17 @@ class _BoardInbound(WorkflowInboundInterceptor):
         BOARD.started(batch, info.workflow_id)
         try:
             result = await super().execute_workflow(input)
-        except asyncio.CancelledError:  # the parent counts it cancelled too (eviction is no Exception)
+        except asyncio.CancelledError:  # the parent counts it cancelled too (eviction is no such error)
             BOARD.finished(batch, info.workflow_id, "cancelled", None)
             raise
-        BOARD.finished(batch, info.workflow_id, getattr(result, "status", ""), getattr(result, "reward", None))
+        BOARD.finished(batch, info.workflow_id, getattr(result, "status", ""),
+                       getattr(result, "reward", None))
         return result
 
 
 class _Board(Interceptor):
-    def workflow_interceptor_class(self, input: WorkflowInterceptorClassInput) -> type[WorkflowInboundInterceptor]:
+    def workflow_interceptor_class(
+            self, input: WorkflowInterceptorClassInput) -> type[WorkflowInboundInterceptor]:
         return _BoardInbound
 
 
