@@ -1,7 +1,8 @@
 """Scale: N trivial rollouts through the durable path (embedded server + in-process worker).
 
-Reports wall time, rollouts/s, the worker's peak RSS (this process) and the longest history of
-any workflow run (TasksetRun runs after continue-as-new, and Rollout children).
+Reports wall time, rollouts/s, the worker's peak RSS (this process), CPU per rollout of this
+process (worker + client) and of the dev server (which one is the limit on a small box), and the
+longest history of any workflow run (TasksetRun runs after continue-as-new, and Rollout children).
 
     python benchmarks/bench_scale.py --n 10000 --concurrency 256
 """
@@ -10,7 +11,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import time
+
+import psutil
 
 from _common import LETTERS, letter_tasks, peak_rss_mb, private_home
 
@@ -21,12 +25,19 @@ async def main(n: int, concurrency: int, sample: int) -> None:
     from durable_rollouts.sdk.providers import LocalRuntime
     from durable_rollouts.sdk.taskset import Taskset
 
+    from durable_rollouts.sdk.paths import rollouts_home
+
     taskset = Taskset("scale", letter_tasks(n))
+    await _client(None)  # the embedded server is up from here on
+    server = psutil.Process(json.loads((rollouts_home() / "temporal.json").read_text())["pid"])
+    me = psutil.Process()
+    cpu0, server0 = _cpu(me), _cpu(server)
     t0 = time.perf_counter()
     handle = await start_job(taskset, FixedAgent(answer="2"), runtime=LocalRuntime(LETTERS),
                              max_concurrent=concurrency)
     job = await handle.wait()
     wall = time.perf_counter() - t0
+    cpu, server_cpu = _cpu(me) - cpu0, _cpu(server) - server0
     rss = peak_rss_mb()
     client, _ = await _client(None)
     parent_max, child_max, runs = 0, 0, 0
@@ -43,6 +54,8 @@ async def main(n: int, concurrency: int, sample: int) -> None:
     print(f"wall time           {wall:.1f} s")
     print(f"throughput          {n / wall:.1f} rollouts/s")
     print(f"peak RSS (worker+client, one process) {rss:.0f} MiB")
+    print(f"CPU per rollout     worker+client {cpu / n * 1000:.1f} ms, server {server_cpu / n * 1000:.1f} ms "
+          f"({(cpu + server_cpu) / wall:.2f} cores busy on average)")
     print(f"TasksetRun runs     {runs} (continue-as-new {runs - 1}x); max history {parent_max} events")
     print(f"Rollout history     max {child_max} events (sampled children)")
 
@@ -54,6 +67,11 @@ async def session_main(n: int, concurrency: int, sample: int) -> None:
 
     async with session():
         await main(n, concurrency, sample)
+
+
+def _cpu(proc: psutil.Process) -> float:
+    times = proc.cpu_times()
+    return times.user + times.system
 
 
 if __name__ == "__main__":

@@ -8,6 +8,8 @@ HOST:PORT [--task-queue Q] [--host-queue auto|NAME] [--gc-every SECONDS]`` runs 
 process (crash tests SIGKILL these); SIGTERM/SIGINT shut it down gracefully. With ``gc_every_s``
 the worker also runs ``durable_rollouts.gc.sweep`` in the background (default 300 s for worker processes, off
 for workers built in-process): substrates whose rollout is over are removed without ``rollouts gc``.
+A workflow interceptor posts every Rollout child's start and result to the in-process progress
+board (``sdk.board``), which ``rollouts run`` reads instead of querying the batch workflow.
 """
 
 from __future__ import annotations
@@ -23,13 +25,21 @@ from datetime import timedelta
 from collections.abc import Sequence
 from typing import Any, Self
 
+from temporalio import workflow
 from temporalio.client import Client
-from temporalio.worker import Interceptor, Worker
+from temporalio.worker import (
+    ExecuteWorkflowInput,
+    Interceptor,
+    Worker,
+    WorkflowInboundInterceptor,
+    WorkflowInterceptorClassInput,
+)
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
 
 from durable_rollouts.activities import Queues, RolloutActivities, TasksetActivities
 from durable_rollouts.activities.owner import OwnerInterceptor
 from durable_rollouts.release import worker_identity
+from durable_rollouts.sdk.board import BOARD
 from durable_rollouts.sdk.tracestore import TraceStore
 from durable_rollouts.workflows import Rollout, TasksetRun
 from durable_rollouts.workflows.types import DEFAULT_TASK_QUEUE
@@ -43,6 +53,8 @@ DEFAULT_GC_EVERY_S = 300.0  # the orphan sweep of worker processes; 0 disables i
 GC_EVERY_ENV = "ROLLOUTS_GC_EVERY"
 
 WORKFLOWS = [TasksetRun, Rollout]
+# Heartbeats reach the server at most this often (activities/rollout.py beats twice as often).
+HEARTBEAT_THROTTLE = timedelta(seconds=2)
 
 
 def host_queue_name(task_queue: str = DEFAULT_TASK_QUEUE) -> str:
@@ -51,6 +63,35 @@ def host_queue_name(task_queue: str = DEFAULT_TASK_QUEUE) -> str:
 
 def process_queue_name(task_queue: str = DEFAULT_TASK_QUEUE) -> str:
     return f"{task_queue}@{socket.gethostname()}:{os.getpid()}"
+
+
+class _BoardInbound(WorkflowInboundInterceptor):
+    """Posts Rollout starts/results to the in-process ``BOARD`` (no commands: replay-safe)."""
+
+    async def execute_workflow(self, input: ExecuteWorkflowInput) -> Any:
+        info = workflow.info()
+        if info.workflow_type == "TasksetRun":
+            result = await super().execute_workflow(input)  # continue-as-new raises: keep counting
+            BOARD.close(info.workflow_id)
+            return result
+        batch = info.parent.workflow_id if info.parent is not None else None
+        if info.workflow_type != "Rollout" or batch is None:
+            return await super().execute_workflow(input)
+        BOARD.started(batch, info.workflow_id)
+        try:
+            result = await super().execute_workflow(input)
+        except asyncio.CancelledError:  # the parent counts it cancelled too (eviction is no such error)
+            BOARD.finished(batch, info.workflow_id, "cancelled", None)
+            raise
+        BOARD.finished(batch, info.workflow_id, getattr(result, "status", ""),
+                       getattr(result, "reward", None))
+        return result
+
+
+class _Board(Interceptor):
+    def workflow_interceptor_class(
+            self, input: WorkflowInterceptorClassInput) -> type[WorkflowInboundInterceptor]:
+        return _BoardInbound
 
 
 class RolloutWorker:
@@ -64,6 +105,7 @@ class RolloutWorker:
         self._task: asyncio.Task[Any] | None = None
 
     async def run(self) -> None:
+        BOARD.workers += 1
         sweeper = None
         if self.gc_every_s > 0:
             from durable_rollouts.gc import sweep
@@ -72,6 +114,7 @@ class RolloutWorker:
         try:
             await asyncio.gather(*(w.run() for w in self.workers))
         finally:
+            BOARD.workers -= 1
             if sweeper is not None:
                 sweeper.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
@@ -131,8 +174,8 @@ def build_worker(client: Client, *, task_queue: str = DEFAULT_TASK_QUEUE, host_q
     common: dict[str, Any] = {
         "max_concurrent_activities": max_concurrent_activities,
         "max_concurrent_local_activities": max_concurrent_activities,
-        "max_heartbeat_throttle_interval": timedelta(seconds=2),
-        "default_heartbeat_throttle_interval": timedelta(seconds=2),
+        "max_heartbeat_throttle_interval": HEARTBEAT_THROTTLE,
+        "default_heartbeat_throttle_interval": HEARTBEAT_THROTTLE,
         "graceful_shutdown_timeout": timedelta(seconds=graceful_shutdown_s),
         "identity": identity or worker_identity(),  # names the release in every task it fails
         "interceptors": [*interceptors, OwnerInterceptor()],
@@ -142,7 +185,7 @@ def build_worker(client: Client, *, task_queue: str = DEFAULT_TASK_QUEUE, host_q
         workflow_runner=runner if sandbox else _unsandboxed(),
         max_concurrent_workflow_tasks=max_concurrent_workflow_tasks,
         sticky_queue_schedule_to_start_timeout=timedelta(seconds=5),
-        **common,
+        **{**common, "interceptors": [*common["interceptors"], _Board()]},
     )]
     for queue in queues.extra:
         workers.append(Worker(client, task_queue=queue, activities=rollout.all(), **common))

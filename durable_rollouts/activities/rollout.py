@@ -48,6 +48,14 @@ __all__ = ["Queues", "RolloutActivities"]
 
 T = TypeVar("T")
 
+# The background beat of long steps: one beat as the step begins (an eagerly dispatched step
+# counts as started on the server before a busy worker gets to run it), then every BEAT_S. The
+# worker sends at most one heartbeat per 2 s (worker.HEARTBEAT_THROTTLE); beating at half that
+# keeps a loop stall of ~3 s inside the agent's 5 s heartbeat timeout. One source only: the
+# agent step used to beat twice as often (steps' own beat as well), each beat an asyncio task
+# and a payload-converter copy in temporalio.
+BEAT_S = 1.0
+
 
 @dataclass(frozen=True)
 class Queues:
@@ -87,7 +95,7 @@ class RolloutActivities:
     """
 
     def __init__(self, queues: Queues | None = None, trace_store: TraceStore | None = None,
-                 beat_s: float = 1.0) -> None:
+                 beat_s: float = BEAT_S) -> None:
         self.queues = queues or Queues()
         self.trace_store = trace_store or TraceStore()
         self.beat_s = beat_s
@@ -98,14 +106,16 @@ class RolloutActivities:
 
     async def _beating(self, step: Awaitable[T]) -> T:
         """Await ``step`` while heartbeating every ``beat_s`` (cancels it if we are cancelled)."""
+        if activity.info().is_local:  # local activities do not heartbeat: no beat task at all
+            return await step
         task = asyncio.ensure_future(step)
         try:
+            activity.heartbeat()
             while True:
                 done, _ = await asyncio.wait({task}, timeout=self.beat_s)
                 if done:
                     return task.result()
-                if not activity.info().is_local:
-                    activity.heartbeat()
+                activity.heartbeat()
         finally:
             if not task.done():
                 task.cancel()
@@ -138,8 +148,8 @@ class RolloutActivities:
     @activity.defn(name=ACT_AGENT)
     async def agent(self, inp: AgentInput) -> AgentResult:
         with map_errors():
-            result = await self._beating(
-                steps.run_agent(inp, trace_store=self.trace_store))  # _beating heartbeats
+            # _beating is the one heartbeat source (steps' own beat would double the beats).
+            result = await self._beating(steps.run_agent(inp, trace_store=self.trace_store))
         return result
 
     @activity.defn(name=ACT_GRADE)

@@ -1,15 +1,15 @@
-"""Follow a running batch: a live rich progress bar fed by the ``progress`` query.
+"""Follow a running batch: a live rich progress bar.
 
 The bar shows done/total, succeeded/failed/running counts and the mean reward; it is drawn on
-stderr so ``--json`` output on stdout stays clean (a non-terminal gets one final line). Imports
-temporalio, rich and the workflow names only.
+stderr so ``--json`` output on stdout stays clean (a non-terminal gets one final line). Its data
+comes from ``live.Feed`` (the in-process board, the ``progress`` query now and then), read and
+redrawn at ``live.RENDER_HZ``. Imports rich and the workflow models only.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from datetime import timedelta
 from typing import Any
 
 from rich.console import Console
@@ -22,13 +22,10 @@ from rich.progress import (
     TimeElapsedColumn,
 )
 
-from ..workflows import TasksetRun
 from ..workflows.types import Progress as BatchProgress
+from .live import RENDER_HZ, Feed
 
 __all__ = ["describe_progress", "follow"]
-
-POLL_S = 0.5
-
 
 def describe_progress(p: BatchProgress | None) -> str:
     """One line of counters, e.g. ``ok 3 · failed 1 · running 2 · reward 0.750``."""
@@ -37,13 +34,6 @@ def describe_progress(p: BatchProgress | None) -> str:
     failed = p.failed + p.errored + p.timeout + p.cancelled
     mean = "-" if p.mean_reward is None else f"{p.mean_reward:.3f}"
     return f"ok {p.succeeded} · failed {failed} · running {p.running} · reward {mean}"
-
-
-async def _query(handle: Any) -> BatchProgress | None:
-    try:
-        return await handle.query(TasksetRun.progress, rpc_timeout=timedelta(seconds=2))
-    except Exception:  # noqa: BLE001 - no worker yet, or the run just continued-as-new
-        return None
 
 
 async def follow(handle: Any, console: Console, *, total: int, label: str) -> Any:
@@ -57,12 +47,17 @@ async def follow(handle: Any, console: Console, *, total: int, label: str) -> An
         TextColumn("{task.fields[stats]}"),
         TimeElapsedColumn(),
         console=console,
+        refresh_per_second=RENDER_HZ,
     )
+    feed = Feed(handle, total)
     task = bar.add_task(label, total=total, stats=describe_progress(None))
     try:
         with bar:
             while not result.done():
-                p = await _query(handle)
+                if not console.is_terminal:  # nothing is drawn until the end: read nothing
+                    await asyncio.wait({result})
+                    break
+                p = await feed.read()
                 if p is not None:
                     bar.update(
                         task,
@@ -70,7 +65,7 @@ async def follow(handle: Any, console: Console, *, total: int, label: str) -> An
                         total=p.total or total,
                         stats=describe_progress(p),
                     )
-                await asyncio.wait({result}, timeout=POLL_S)
+                await asyncio.wait({result}, timeout=1 / RENDER_HZ)
             p = getattr(result.result(), "progress", None) if result.exception() is None else None
             if p is not None:
                 bar.update(
