@@ -182,10 +182,39 @@ def task_grade(
 # -- entry point ----------------------------------------------------------------------------------
 
 
+def _use_storage(ctx: Any, param: Any, value: str | None) -> None:
+    if value:
+        from .temporal.storage import STORAGE_ENV, parse_storage_url
+
+        try:
+            parse_storage_url(value)
+        except ConfigError as exc:
+            raise typer.BadParameter(str(exc)) from None
+        os.environ[STORAGE_ENV] = value  # the data converter of this process (and its children)
+
+
+def add_storage_option(group: Any) -> None:
+    """Give every command that connects to Temporal (it has ``--temporal``) a ``--storage URL``."""
+    from typer.core import TyperOption
+
+    for command in getattr(group, "commands", {}).values():
+        add_storage_option(command)
+        params = {p.name: p for p in command.params}
+        if "temporal" in params and "storage" not in params:
+            command.params.append(TyperOption(  # an optional string, like --temporal
+                param_decls=["--storage"], type_descriptor=params["temporal"].type_descriptor,
+                expose_value=False, callback=_use_storage, is_eager=True,
+                help="where state outside Temporal lives: file://PATH, s3://BUCKET/PREFIX or "
+                     "gs://BUCKET/PREFIX (default: $ROLLOUTS_STORAGE, else "
+                     "file://$ROLLOUTS_HOME/storage)"))
+
+
 def main(argv: list[str] | None = None) -> None:
     """Console-script entry: usage errors become one ``error:`` line with exit code 2."""
     try:
-        code = app(args=argv, prog_name="rollouts", standalone_mode=False)
+        command = typer.main.get_command(app)
+        add_storage_option(command)
+        code = command.main(args=argv, prog_name="rollouts", standalone_mode=False)
     except (typer.Abort, KeyboardInterrupt):
         typer.echo("aborted (a job already started keeps its state in Temporal: `rollouts jobs`; "
                    "finish it with `rollouts worker` or stop it with `rollouts cancel JOB`)", err=True)
