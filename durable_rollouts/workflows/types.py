@@ -27,6 +27,8 @@ __all__ = [
     "ACT_STORE_RESULTS",
     "ACT_TEARDOWN",
     "ACT_VERIFY",
+    "ACT_VERIFY_CLOSE",
+    "ACT_VERIFY_OPEN",
     "DEFAULT_TASK_QUEUE",
     "MAX_CONCURRENT",
     "LoadRowsInput",
@@ -54,6 +56,8 @@ ACT_START = "rollouts.start"
 ACT_AGENT = "rollouts.agent"
 ACT_GRADE = "rollouts.grade"
 ACT_VERIFY = "rollouts.verify"
+ACT_VERIFY_OPEN = "rollouts.verify_open"
+ACT_VERIFY_CLOSE = "rollouts.verify_close"
 ACT_TEARDOWN = "rollouts.teardown"
 
 # Keyword search attributes registered on the embedded dev server (name -> Temporal type).
