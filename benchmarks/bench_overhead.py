@@ -6,7 +6,10 @@
 2. Throughput at concurrency 64: ``--n`` rollouts of a ``--sleep`` s sleep agent, both paths;
    rollouts/s and durable/direct.
 
-    python benchmarks/bench_overhead.py [--samples 20] [--n 256] [--sleep 2]
+    python benchmarks/bench_overhead.py [--samples 20] [--n 256] [--sleep 2] [--storage file|moto|URL]
+
+``--storage`` picks ROLLOUTS_STORAGE for both paths (the direct executor writes its traces there
+too); the bytes kept in storage per durable rollout are printed at the end.
 """
 
 from __future__ import annotations
@@ -16,9 +19,10 @@ import asyncio
 import time
 
 from _common import LETTERS, letter_tasks, percentile, private_home
+from _storage import add_storage_option, storage_bytes, use_storage
 
 
-async def main(samples: int, n: int, sleep: float, concurrency: int) -> None:
+async def main(samples: int, n: int, sleep: float, concurrency: int, storage: str) -> None:
     from durable_rollouts.sdk.agents import FixedAgent, SleepAgent
     from durable_rollouts.sdk.direct import run_direct
     from durable_rollouts.sdk.orchestrate import run_taskset, shutdown_embedded
@@ -49,9 +53,11 @@ async def main(samples: int, n: int, sleep: float, concurrency: int) -> None:
 
     tasks = Taskset("many", letter_tasks(n))
     sleeper = SleepAgent(seconds=sleep, answer="2")
+    objects0, stored0 = storage_bytes(storage)
     t0 = time.perf_counter()
     job = await run_taskset(tasks, sleeper, runtime=runtime, max_concurrent=concurrency)
     t_durable = time.perf_counter() - t0
+    objects1, stored1 = storage_bytes(storage)
     ok = sum(r.reward == 1.0 for r in job.runs)
     t0 = time.perf_counter()
     djob = await run_direct(tasks, sleeper, runtime, max_concurrent=concurrency)
@@ -62,6 +68,8 @@ async def main(samples: int, n: int, sleep: float, concurrency: int) -> None:
     print(f"  durable {t_durable:.1f} s = {n / t_durable:.1f} rollouts/s ({ok}/{n} rewarded)")
     print(f"  direct  {t_direct:.1f} s = {n / t_direct:.1f} rollouts/s ({dok}/{n} rewarded)")
     print(f"  durable/direct throughput ratio {t_direct / t_durable:.2f}")
+    print(f"storage {storage}: {(stored1 - stored0) / n:.0f} B/rollout in "
+          f"{objects1 - objects0} objects (durable batch)")
     await shutdown_embedded()
 
 
@@ -71,6 +79,7 @@ if __name__ == "__main__":
     parser.add_argument("--n", type=int, default=256)
     parser.add_argument("--sleep", type=float, default=2.0)
     parser.add_argument("--concurrency", type=int, default=64)
+    add_storage_option(parser)
     args = parser.parse_args()
-    with private_home():
-        asyncio.run(main(args.samples, args.n, args.sleep, args.concurrency))
+    with private_home() as home, use_storage(args.storage, home) as url:
+        asyncio.run(main(args.samples, args.n, args.sleep, args.concurrency, url))
