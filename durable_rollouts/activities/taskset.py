@@ -9,6 +9,7 @@ results; ``load_rows`` reads a window of a large taskset's rows the same way.
 
 from __future__ import annotations
 
+import asyncio
 import importlib
 import json
 from pathlib import Path
@@ -136,8 +137,9 @@ class TasksetActivities:
 
     @activity.defn(name=ACT_LOAD_ROWS)
     async def load_rows(self, inp: LoadRowsInput) -> list[Task]:
-        return self.results.get_rows(inp.uri, inp.start, inp.stop)
+        return await asyncio.to_thread(self.results.get_rows, inp.uri, inp.start, inp.stop)
 
     @activity.defn(name=ACT_STORE_RESULTS)
     async def store_results(self, inp: StoreResultsInput) -> ResultsRef:
-        return self.results.put(inp.job_id, inp.batch_index, inp.chunk, inp.results)
+        return await asyncio.to_thread(self.results.put, inp.job_id, inp.batch_index, inp.chunk,
+                                       inp.results)

@@ -47,6 +47,13 @@ class TraceStore:
         data = trace.model_dump_json().encode()
         return TraceRef(uri=self.blobs.put(data), size=len(data))
 
+    async def aput(self, trace: Trace) -> TraceRef:
+        """``put`` for async callers: the event loop is not blocked while the store writes."""
+        if not trace.trace_id:
+            trace.trace_id = uuid.uuid4().hex
+        data = trace.model_dump_json().encode()
+        return TraceRef(uri=await self.blobs.aput(data), size=len(data))
+
     def get(self, ref: TraceRef | str) -> Trace:
         """Read the trace behind ``ref`` (a TraceRef or its uri)."""
         uri = ref.uri if isinstance(ref, TraceRef) else ref

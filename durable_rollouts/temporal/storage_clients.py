@@ -46,7 +46,8 @@ class S3Client(S3StorageDriverClient):
             from botocore.config import Config
         except ImportError as err:
             raise ConfigError("s3:// storage needs aioboto3: pip install 'durable-rollouts[s3]'") from err
-        options: dict[str, Any] = {"connect_timeout": 10, "read_timeout": 120}
+        options: dict[str, Any] = {"connect_timeout": 10, "read_timeout": 120,
+                                   "max_pool_connections": 64}  # one pool for the process
         if not (os.environ.get("AWS_MAX_ATTEMPTS") or os.environ.get("AWS_RETRY_MODE")):
             options["retries"] = {"mode": "standard", "max_attempts": 3}
         manager = aioboto3.Session().client("s3", config=Config(**options))
