@@ -77,17 +77,18 @@ async def _client(temporal: Any) -> tuple[Client, bool]:
 
 
 async def _ensure_worker(client: Client, task_queue: str) -> None:
-    from durable_rollouts.worker import build_worker  # lazy: activities pull in the whole sdk
+    # lazy: activities pull in the whole sdk. The worker runs on its own thread and loop, so the
+    # caller's asyncio.run teardown (cancel all tasks) cannot wedge its shutdown.
+    from durable_rollouts.temporal.worker_thread import ThreadedWorker
 
     loop = asyncio.get_running_loop()
     key = (id(loop), f"worker:{id(client)}:{task_queue}")
     entry = _CLIENTS.get(key)
-    if entry is not None and entry.loop is loop and entry.task is not None and not entry.task.done():
+    if entry is not None and entry.loop is loop and entry.worker is not None and entry.worker.alive():
         return
-    worker = build_worker(client, task_queue=task_queue)
-    entry = _Embedded(loop=loop, client=client, worker=worker)
-    entry.task = asyncio.ensure_future(worker.run())
-    _CLIENTS[key] = entry
+    worker = ThreadedWorker(client.service_client.config.target_host, client.namespace, task_queue)
+    await worker.start()
+    _CLIENTS[key] = _Embedded(loop=loop, client=client, worker=worker)
 
 
 async def shutdown_embedded() -> None:

@@ -88,8 +88,9 @@ class HostWorker:
 
 def _cli(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     full = dict(os.environ, **env, PYTHONPATH=os.pathsep.join([str(HERE), str(REPO)]))
+    args = [*args, "--connect-timeout", "60"]  # a loaded CI box: not what this test is about
     return subprocess.run([sys.executable, "-m", "durable_rollouts.cli", *args], env=full,
-                          capture_output=True, text=True, timeout=180)
+                          capture_output=True, text=True, timeout=240)
 
 
 async def test_workers_on_hosts_without_a_shared_disk_finish_a_4mb_taskset_readable_anywhere(
