@@ -319,7 +319,9 @@ async def verify(inp: VerifyInput, *, provider: DurableProvider | None = None) -
 
     Same env and no runtime_config: a new session on the actor's server. Otherwise the verifier
     is provisioned under ``f"{key}-verifier"`` and always released afterwards; its verdict is
-    kept under ``$ROLLOUTS_HOME/verdicts`` until teardown so a retried step never grades twice.
+    kept under ``$ROLLOUTS_HOME/verdicts`` until teardown so a retried step on the same host never
+    grades twice. Only Rollouts started before the recorded verify (``sdk.verifier``: session
+    recorded in history, no host-local state) still take this one-step path.
     """
     verifier = inp.task.verifier
     if verifier is None:

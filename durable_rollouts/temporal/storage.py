@@ -24,7 +24,7 @@ import asyncio
 import hashlib
 import os
 import threading
-from collections.abc import Coroutine, Mapping, Sequence
+from collections.abc import Coroutine, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -354,9 +354,3 @@ def _cause(err: BaseException) -> str:
         err = err.__cause__
     text = " ".join(str(err).split()) or type(err).__name__
     return f"{type(err).__name__}: {text}"[:300]
-
-
-def describe(value: str | None = None) -> Mapping[str, str]:
-    """What the store is, for logs and ``rollouts server status``."""
-    url, driver = _driver(value)
-    return {"storage": str(url), "driver": driver.name(), "threshold": str(_threshold())}
