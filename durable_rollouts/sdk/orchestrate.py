@@ -4,8 +4,9 @@
 ``Job``), waits for it and returns the Job with graded runs (traces loaded from the trace store,
 never from workflow history). With no Temporal address (argument or ``ROLLOUTS_TEMPORAL_ADDRESS``)
 it uses the embedded dev server plus an in-process worker that shares the caller's ``sys.path``,
-so classes defined by the caller import. The in-process worker lives as long as the event loop and
-is reused by later calls (a training loop pays its start-up once); ``shutdown_embedded()`` stops it.
+so classes defined by the caller import. The in-process worker runs on its own thread and loop
+(``temporal.worker_thread``), is reused by later calls on the same loop (a training loop pays its
+start-up once), and stops at ``shutdown_embedded()`` or at exit.
 
 Imports the sdk, the workflows (for names and input models), the activities (only to build the
 in-process worker) and temporalio.
