@@ -17,6 +17,9 @@
 
     python benchmarks/bench_overhead.py [--samples 20] [--n 256] [--sleep 2] [--repeats 3]
         [--paths direct,plain,plain-6steps,durable,cli,cli-json] [--group-rows] [--long]
+        [--storage file|moto|URL]
+
+``--storage`` picks ROLLOUTS_STORAGE for every path (``moto`` starts a local moto S3 server).
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ from pathlib import Path
 import psutil
 from _common import LETTERS, letter_tasks, percentile, private_home
 from _plain import plain_worker, run_plain
+from _storage import add_storage_option, use_storage
 
 ALL_PATHS = ("direct", "plain", "plain-6steps", "durable", "cli", "cli-json")
 CLI_QUEUE = "bench-cli"  # the CLI's own in-process worker; this process's worker never serves it
@@ -286,6 +290,7 @@ if __name__ == "__main__":
     parser.add_argument("--group-rows", action="store_true", help="also: N rows vs 1 row x group N")
     parser.add_argument("--long", action="store_true", help="also: 128 x 30 s agents at concurrency 64")
     parser.add_argument("--no-main", action="store_true", help="skip the --n/--sleep throughput rows")
+    add_storage_option(parser)
     args = parser.parse_args()
-    with private_home():
+    with private_home() as home, use_storage(args.storage, home):
         asyncio.run(main(args))

@@ -1,10 +1,11 @@
 """Scale: N trivial rollouts through the durable path (embedded server + in-process worker).
 
-Reports wall time, rollouts/s, the worker's peak RSS (this process), CPU per rollout of this
-process (worker + client) and of the dev server (which one is the limit on a small box), and the
-longest history of any workflow run (TasksetRun runs after continue-as-new, and Rollout children).
+Reports wall time, rollouts/s, the worker's peak RSS (this process) and the longest history of
+any workflow run (TasksetRun runs after continue-as-new, and Rollout children); the bytes per
+rollout kept in history (sum of event sizes from fetch_history) vs in ``--storage`` (objects
+added during the run); and the direct executor on the same tasks in the same run (``--direct``).
 
-    python benchmarks/bench_scale.py --n 10000 --concurrency 256
+    python benchmarks/bench_scale.py --n 10000 --concurrency 256 [--storage file|moto|URL]
 """
 
 from __future__ import annotations
@@ -15,23 +16,25 @@ import json
 import time
 
 import psutil
-
 from _common import LETTERS, letter_tasks, peak_rss_mb, private_home
+from _storage import add_storage_option, history_bytes, storage_bytes, use_storage
 
 
-async def main(n: int, concurrency: int, sample: int) -> None:
+async def main(n: int, concurrency: int, sample: int, storage: str, direct: bool) -> None:
     from durable_rollouts.sdk.agents import FixedAgent
-    from durable_rollouts.temporal.batches import _client, start_job
+    from durable_rollouts.temporal.batches import _client, shutdown_embedded, start_job
     from durable_rollouts.sdk.providers import LocalRuntime
     from durable_rollouts.sdk.taskset import Taskset
 
+    taskset = Taskset("scale", letter_tasks(n))
+    warm = Taskset("warm", letter_tasks(2))
+    await (await start_job(warm, FixedAgent(answer="2"), runtime=LocalRuntime(LETTERS))).wait()
     from durable_rollouts.sdk.paths import rollouts_home
 
-    taskset = Taskset("scale", letter_tasks(n))
-    await _client(None)  # the embedded server is up from here on
     server = psutil.Process(json.loads((rollouts_home() / "temporal.json").read_text())["pid"])
     me = psutil.Process()
     cpu0, server0 = _cpu(me), _cpu(server)
+    objects0, stored0 = storage_bytes(storage)
     t0 = time.perf_counter()
     handle = await start_job(taskset, FixedAgent(answer="2"), runtime=LocalRuntime(LETTERS),
                              max_concurrent=concurrency)
@@ -39,7 +42,10 @@ async def main(n: int, concurrency: int, sample: int) -> None:
     wall = time.perf_counter() - t0
     cpu, server_cpu = _cpu(me) - cpu0, _cpu(server) - server0
     rss = peak_rss_mb()
+    objects1, stored1 = storage_bytes(storage)
     client, _ = await _client(None)
+    sampled = sample
+    hist = await history_bytes(client, job.id, sample=sample)
     parent_max, child_max, runs = 0, 0, 0
     async for wf in client.list_workflows(f'RolloutsJobId = "{job.id}"'):
         if wf.workflow_type == "TasksetRun":
@@ -49,24 +55,33 @@ async def main(n: int, concurrency: int, sample: int) -> None:
             sample -= 1
             child_max = max(child_max, wf.history_length)
     counts = job.status_counts()
+    await shutdown_embedded()
+    direct_wall = None
+    if direct:
+        from durable_rollouts.sdk.direct import run_direct
+
+        t0 = time.perf_counter()
+        djob = await run_direct(taskset, FixedAgent(answer="2"), LocalRuntime(LETTERS),
+                                max_concurrent=concurrency)
+        direct_wall = time.perf_counter() - t0
+        assert len(djob.runs) == n
     print(f"rollouts            {n} (concurrency {concurrency})")
     print(f"statuses            {counts}")
     print(f"wall time           {wall:.1f} s")
     print(f"throughput          {n / wall:.1f} rollouts/s")
     print(f"peak RSS (worker+client, one process) {rss:.0f} MiB")
-    print(f"CPU per rollout     worker+client {cpu / n * 1000:.1f} ms, server {server_cpu / n * 1000:.1f} ms "
-          f"({(cpu + server_cpu) / wall:.2f} cores busy on average)")
+    print(f"CPU per rollout     worker+client {1000 * cpu / n:.1f} ms, server {1000 * server_cpu / n:.1f} ms "
+          f"({(cpu + server_cpu) / wall:.2f} cores busy)")
     print(f"TasksetRun runs     {runs} (continue-as-new {runs - 1}x); max history {parent_max} events")
     print(f"Rollout history     max {child_max} events (sampled children)")
-
-
-async def session_main(n: int, concurrency: int, sample: int) -> None:
-    """``main`` in one ``session()``: the in-process worker stops at the end even on an error
-    (one left to ``asyncio.run``'s final cancellation would hang the process)."""
-    from durable_rollouts.sdk.lifetime import session
-
-    async with session():
-        await main(n, concurrency, sample)
+    print(f"storage             {storage}")
+    print(f"history bytes       {hist['bytes'] / n:.0f} B/rollout (TasksetRun {hist['parent_bytes'] / n:.0f}"
+          f" + Rollout {hist['child_bytes'] / n:.0f}; children sampled: {sampled or 'all'})")
+    print(f"storage bytes       {(stored1 - stored0) / n:.0f} B/rollout "
+          f"({objects1 - objects0} objects, {(stored1 - stored0) / 1e6:.1f} MB)")
+    if direct_wall is not None:
+        print(f"direct              {direct_wall:.1f} s = {n / direct_wall:.1f} rollouts/s; "
+              f"durable/direct throughput {direct_wall / wall:.2f}")
 
 
 def _cpu(proc: psutil.Process) -> float:
@@ -79,6 +94,8 @@ if __name__ == "__main__":
     parser.add_argument("--n", type=int, default=10_000)
     parser.add_argument("--concurrency", type=int, default=256)
     parser.add_argument("--sample", type=int, default=200, help="children whose history to check")
+    parser.add_argument("--direct", action="store_true", help="also run the direct executor")
+    add_storage_option(parser)
     args = parser.parse_args()
-    with private_home():
-        asyncio.run(session_main(args.n, args.concurrency, args.sample))
+    with private_home() as home, use_storage(args.storage, home) as url:
+        asyncio.run(main(args.n, args.concurrency, args.sample, url, args.direct))

@@ -22,6 +22,7 @@ __all__ = [
     "ProvisionInput",
     "StartInput",
     "TeardownInput",
+    "VerifierSession",
     "VerifyInput",
     "AgentSpec",
     "Endpoint",
@@ -355,6 +356,21 @@ class VerifyInput(_Model):
     actor_raw: dict[str, Any] = Field(default_factory=dict)
     provider: ProviderSpec
     key: str
+    # Set by the recorded verify (``VerifierSession`` from ``rollouts.verify_open``): grade there.
+    verifier_endpoint: Endpoint | None = None
+    verifier_session: Session | None = None
+
+
+class VerifierSession(_Model):
+    """The verifier's started session, recorded in history before it grades (``verify_open``).
+
+    ``owned``: the verifier has its own substrate (released at close), else it is a session on
+    the actor's server (only the session is ended).
+    """
+
+    endpoint: Endpoint
+    session: Session
+    owned: bool = True
 
 
 class TeardownInput(_Model):

@@ -41,6 +41,7 @@ from durable_rollouts.activities.owner import OwnerInterceptor
 from durable_rollouts.release import worker_identity
 from durable_rollouts.sdk.board import BOARD
 from durable_rollouts.sdk.tracestore import TraceStore
+from durable_rollouts.temporal.storage import storage_url
 from durable_rollouts.workflows import Rollout, TasksetRun
 from durable_rollouts.workflows.types import DEFAULT_TASK_QUEUE
 
@@ -217,6 +218,7 @@ async def run_worker(address: str | None = None, *, task_queue: str = DEFAULT_TA
             loop.add_signal_handler(sig, stop.set)
     async with worker:
         log.info("worker polling %s (+%s)", task_queue, ", ".join(worker.queues.extra) or "no extra queues")
+        log.info("storage %s", storage_url())
         print(f"ROLLOUTS_WORKER_READY queue={task_queue}", flush=True)
         await stop.wait()
 

@@ -28,9 +28,10 @@ from durable_rollouts.models import (
     Session,
     StartInput,
     TeardownInput,
+    VerifierSession,
     VerifyInput,
 )
-from durable_rollouts.sdk import steps
+from durable_rollouts.sdk import steps, verifier
 from durable_rollouts.sdk.providers import provider_from_spec
 from durable_rollouts.sdk.tracestore import TraceStore
 from durable_rollouts.workflows.types import (
@@ -41,6 +42,8 @@ from durable_rollouts.workflows.types import (
     ACT_START,
     ACT_TEARDOWN,
     ACT_VERIFY,
+    ACT_VERIFY_CLOSE,
+    ACT_VERIFY_OPEN,
     DEFAULT_TASK_QUEUE,
 )
 
@@ -102,7 +105,7 @@ class RolloutActivities:
 
     def all(self) -> list[Any]:
         return [self.provision, self.connect, self.start, self.agent, self.grade, self.verify,
-                self.teardown]
+                self.teardown, self.verify_open, self.verify_close]
 
     async def _beating(self, step: Awaitable[T]) -> T:
         """Await ``step`` while heartbeating every ``beat_s`` (cancels it if we are cancelled)."""
@@ -158,11 +161,28 @@ class RolloutActivities:
             grade = await self._beating(steps.grade(inp))
         return grade
 
+    @activity.defn(name=ACT_VERIFY_OPEN)
+    async def verify_open(self, inp: VerifyInput) -> VerifierSession:
+        with map_errors():
+            opened = await self._beating(verifier.open_verifier(inp))
+            if opened.owned and opened.endpoint.task_queue is None:
+                locality = getattr(provider_from_spec(inp.provider), "locality", "global")
+                opened.endpoint.task_queue = self.queues.for_locality(locality)
+        return opened
+
     @activity.defn(name=ACT_VERIFY)
     async def verify(self, inp: VerifyInput) -> Grade:
         with map_errors():
-            grade = await self._beating(steps.verify(inp))
+            if inp.verifier_session is not None:  # the recorded verify: grade in that session
+                grade = await self._beating(verifier.grade_verifier(inp))
+            else:
+                grade = await self._beating(steps.verify(inp))
         return grade
+
+    @activity.defn(name=ACT_VERIFY_CLOSE)
+    async def verify_close(self, opened: VerifierSession) -> None:
+        with map_errors():
+            await verifier.close_verifier(opened)
 
     @activity.defn(name=ACT_TEARDOWN)
     async def teardown(self, inp: TeardownInput) -> None:

@@ -2,12 +2,14 @@
 
 ``resolve_group`` calls ``Taskset.resolve_task`` on the worker: the live taskset object when the
 caller registered it in this process (the embedded worker), else an instance of its class built
-from the import path. ``store_results`` writes a chunk of compact results as JSONL (a claim check)
-so continue-as-new carries references, not thousands of results.
+from the import path. ``store_results`` writes a chunk of compact results as JSONL (a claim check,
+through the ``ROLLOUTS_STORAGE`` driver) so continue-as-new carries references, not thousands of
+results; ``load_rows`` reads a window of a large taskset's rows the same way.
 """
 
 from __future__ import annotations
 
+import asyncio
 import importlib
 import json
 from pathlib import Path
@@ -18,7 +20,8 @@ from temporalio import activity
 from durable_rollouts.activities.failures import map_errors
 from durable_rollouts.errors import ConfigError
 from durable_rollouts.models import RolloutResult, Task
-from durable_rollouts.sdk.paths import atomic_write, rollouts_home, safe_name
+from durable_rollouts.sdk.paths import rollouts_home
+from durable_rollouts.temporal import storage
 from durable_rollouts.workflows.types import (
     ACT_LOAD_ROWS,
     ACT_RESOLVE,
@@ -69,38 +72,52 @@ def _load_taskset(path: str, name: str) -> Any:
 
 
 class ResultStore:
-    """Chunks of RolloutResults as JSONL files under ``root`` (default ``$ROLLOUTS_HOME/results``)."""
+    """Chunks of RolloutResults and a batch's rows, as JSONL blobs in external storage.
 
-    def __init__(self, root: Path | str | None = None) -> None:
+    Written through the ``ROLLOUTS_STORAGE`` driver (``rollouts-storage:`` uris, readable from any
+    host with the bucket); ``file://`` chunks and row files of earlier releases are still read.
+    """
+
+    def __init__(self, root: Path | str | None = None, *, blobs: Any = None) -> None:
         self.root = Path(root) if root is not None else rollouts_home() / "results"
+        self._blobs = blobs
+
+    def _store(self) -> Any:
+        if self._blobs is None:
+            self._blobs = storage.blobs()
+        return self._blobs
 
     def put(self, job_id: str, batch_index: int, chunk: int, results: list[RolloutResult]) -> ResultsRef:
-        folder = self.root / safe_name(job_id)
-        folder.mkdir(parents=True, exist_ok=True)
-        path = (folder / f"b{batch_index}-c{chunk}.jsonl").resolve()
-        # atomic: a retried flush rewrites the same chunk
-        atomic_write(path, "".join(r.model_dump_json() + "\n" for r in results).encode())
-        return ResultsRef(uri=path.as_uri(), count=len(results))
+        data = "".join(r.model_dump_json() + "\n" for r in results).encode()
+        return ResultsRef(uri=self._store().put(data), count=len(results))
 
     def put_rows(self, job_id: str, batch_index: int, rows: list[Task]) -> str:
-        """Write a batch's rows as JSONL; returns the file uri (the TasksetRun's rows claim check)."""
-        folder = self.root / safe_name(job_id)
-        folder.mkdir(parents=True, exist_ok=True)
-        path = (folder / f"rows-b{batch_index}.jsonl").resolve()
-        atomic_write(path, "".join(r.model_dump_json(exclude={"slug"}) + "\n" for r in rows).encode())
-        return path.as_uri()
+        """Store a batch's rows as JSONL; returns the uri (the TasksetRun's rows claim check)."""
+        return self._store().put("".join(r.model_dump_json(exclude={"slug"}) + "\n" for r in rows).encode())
+
+    @staticmethod
+    def _read(uri: str) -> bytes:
+        if uri.startswith(storage.BLOB_SCHEME):
+            cached = _ROWS_CACHE.get(uri)
+            if cached is None:
+                cached = storage.blobs().get(uri)
+                _ROWS_CACHE.clear() if len(_ROWS_CACHE) >= 4 else None
+                _ROWS_CACHE[uri] = cached
+            return cached
+        return Path(uri.removeprefix("file://")).read_bytes()  # written by release <= f54ad67
 
     @staticmethod
     def get_rows(uri: str, start: int, stop: int) -> list[Task]:
-        with open(uri.removeprefix("file://")) as fh:
-            lines = [line for i, line in enumerate(fh) if start <= i < stop]
+        lines = ResultStore._read(uri).decode().splitlines()[start:stop]
         return [Task.model_validate_json(line) for line in lines]
 
     @staticmethod
     def get(ref: ResultsRef) -> list[RolloutResult]:
-        path = Path(ref.uri.removeprefix("file://"))
-        return [RolloutResult.model_validate(json.loads(line))
-                for line in path.read_text().splitlines() if line.strip()]
+        text = ResultStore._read(ref.uri).decode()
+        return [RolloutResult.model_validate(json.loads(line)) for line in text.splitlines() if line.strip()]
+
+
+_ROWS_CACHE: dict[str, bytes] = {}  # blobs are content-addressed: a cached one never goes stale
 
 
 class TasksetActivities:
@@ -120,8 +137,9 @@ class TasksetActivities:
 
     @activity.defn(name=ACT_LOAD_ROWS)
     async def load_rows(self, inp: LoadRowsInput) -> list[Task]:
-        return self.results.get_rows(inp.uri, inp.start, inp.stop)
+        return await asyncio.to_thread(self.results.get_rows, inp.uri, inp.start, inp.stop)
 
     @activity.defn(name=ACT_STORE_RESULTS)
     async def store_results(self, inp: StoreResultsInput) -> ResultsRef:
-        return self.results.put(inp.job_id, inp.batch_index, inp.chunk, inp.results)
+        return await asyncio.to_thread(self.results.put, inp.job_id, inp.batch_index, inp.chunk,
+                                       inp.results)

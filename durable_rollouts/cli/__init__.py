@@ -18,6 +18,7 @@ from typer.exceptions import TyperException
 
 from durable_rollouts.cli import gc, inspect, run, server, task, worker
 from durable_rollouts.cli.common import cli_errors, fail
+from durable_rollouts.cli.storage_option import add_storage_option
 from durable_rollouts.cli.task import URL_ENV_VAR, task_app
 
 __all__ = ["URL_ENV_VAR", "app", "cli_errors", "fail", "main", "task_app"]
@@ -39,7 +40,9 @@ for _group in (run, worker, server, inspect, gc, task):
 def main(argv: list[str] | None = None) -> None:
     """Console-script entry: usage errors become one ``error:`` line with exit code 2."""
     try:
-        code = app(args=argv, prog_name="rollouts", standalone_mode=False)
+        command = typer.main.get_command(app)
+        add_storage_option(command)  # --storage next to every --temporal
+        code = command.main(args=argv, prog_name="rollouts", standalone_mode=False)
     except (typer.Abort, KeyboardInterrupt):
         typer.echo("aborted (a job already started keeps its state in Temporal: `rollouts jobs`; "
                    "finish it with `rollouts worker` or stop it with `rollouts cancel JOB`)", err=True)

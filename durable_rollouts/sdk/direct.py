@@ -133,7 +133,7 @@ class _Batch:
                     endpoint=endpoint, session=session, task=task, prompt=run.prompt,
                     agent=_IN_PROCESS, rollout_id=run.rollout_id, job_id=run.job_id,
                     group_id=run.group_id, timeout_s=self.agent.timeout_s))
-                result = steps.store_result(run.trace, self.store)
+                result = await steps.astore_result(run.trace, self.store)
                 run.trace_ref = result.trace_ref
                 phase = "grading"
                 grade = await steps.grade(GradeInput(endpoint=endpoint, session=session,
@@ -161,7 +161,7 @@ class _Batch:
                 await self._cleanup(run, endpoint, session)
             if run.trace_ref is not None or run.trace.steps:
                 with contextlib.suppress(Exception):
-                    run.trace_ref = self.store.put(run.trace)
+                    run.trace_ref = await self.store.aput(run.trace)
 
     async def _cleanup(self, run: Run, endpoint: Endpoint, session: Session | None) -> None:
         try:

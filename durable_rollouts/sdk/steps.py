@@ -43,6 +43,7 @@ from ..models import (
     TaskCall,
     TeardownInput,
     Trace,
+    TraceRef,
     VerifyInput,
 )
 from ..protocol import ErrorCode
@@ -63,6 +64,7 @@ __all__ = [
     "provision",
     "run_agent",
     "start",
+    "astore_result",
     "store_result",
     "teardown",
     "teardown_with",
@@ -199,12 +201,20 @@ async def run_agent(inp: AgentInput, *, heartbeat: Callable[[], None] | None = N
     """
     agent = load_agent(inp.agent)
     trace = await execute_agent(agent, inp, heartbeat=heartbeat)
-    return store_result(trace, trace_store)
+    return await astore_result(trace, trace_store)
 
 
 def store_result(trace: Trace, trace_store: TraceStore | None = None) -> AgentResult:
     """Put ``trace`` in the store and summarise it as an AgentResult."""
-    ref = (trace_store or TraceStore()).put(trace)
+    return _agent_result(trace, (trace_store or TraceStore()).put(trace))
+
+
+async def astore_result(trace: Trace, trace_store: TraceStore | None = None) -> AgentResult:
+    """``store_result`` without blocking the event loop (the store's I/O runs on its own loop)."""
+    return _agent_result(trace, await (trace_store or TraceStore()).aput(trace))
+
+
+def _agent_result(trace: Trace, ref: TraceRef) -> AgentResult:
     error = next((s.error for s in reversed(trace.steps) if s.error), None) if trace.is_error else None
     return AgentResult(content=trace.content, status=trace.status, stop_reason=trace.stop_reason,
                        error=error, trace_ref=ref)
@@ -309,7 +319,9 @@ async def verify(inp: VerifyInput, *, provider: DurableProvider | None = None) -
 
     Same env and no runtime_config: a new session on the actor's server. Otherwise the verifier
     is provisioned under ``f"{key}-verifier"`` and always released afterwards; its verdict is
-    kept under ``$ROLLOUTS_HOME/verdicts`` until teardown so a retried step never grades twice.
+    kept under ``$ROLLOUTS_HOME/verdicts`` until teardown so a retried step on the same host never
+    grades twice. Only Rollouts started before the recorded verify (``sdk.verifier``: session
+    recorded in history, no host-local state) still take this one-step path.
     """
     verifier = inp.task.verifier
     if verifier is None:

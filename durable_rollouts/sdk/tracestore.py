@@ -1,46 +1,69 @@
-"""A claim-check store for traces: full traces live in files, workflows carry a small TraceRef.
+"""A claim-check store for traces: full traces live in external storage, workflows carry a TraceRef.
 
-Writes are atomic (temporary file + rename), so a reader never sees half a trace and a retried
-agent step simply replaces the file of the same trace id. Imports only models and paths.
+Traces are written through the ``ROLLOUTS_STORAGE`` driver (``durable_rollouts.temporal.storage``,
+the same store temporalio offloads large payloads to), so any host with the bucket reads them,
+for as long as the bucket keeps them, independent of Temporal's history retention. The TraceRef's
+uri is then a ``rollouts-storage:`` claim; ``file://`` refs written by earlier releases are still
+read. Imports models and paths; the storage module (temporalio) only lazily, on first use.
 """
 
 from __future__ import annotations
 
 import uuid
 from pathlib import Path
+from typing import Any
 from urllib.parse import unquote, urlparse
 
 from ..models import Trace, TraceRef
-from .paths import atomic_write, rollouts_home, safe_name
+from .paths import rollouts_home
 
 __all__ = ["TraceStore"]
 
 
 class TraceStore:
-    """Traces as JSON files under ``root`` (default ``$ROLLOUTS_HOME/traces``).
+    """Traces in external storage; old ``file://`` traces read from disk.
 
     Args:
-        root: the directory; created on first write.
+        root: where legacy relative trace paths resolve (default ``$ROLLOUTS_HOME/traces``).
+        blobs: a ``temporal.storage.Blobs`` (default: the one of ``ROLLOUTS_STORAGE``).
     """
 
-    def __init__(self, root: Path | str | None = None) -> None:
+    def __init__(self, root: Path | str | None = None, *, blobs: Any = None) -> None:
         self.root = Path(root) if root is not None else rollouts_home() / "traces"
+        self._blobs = blobs
+
+    @property
+    def blobs(self) -> Any:
+        if self._blobs is None:
+            from durable_rollouts.temporal.storage import blobs
+
+            self._blobs = blobs()
+        return self._blobs
 
     def put(self, trace: Trace) -> TraceRef:
-        """Write ``trace`` (assigning a trace id if it has none) and return its claim check."""
+        """Store ``trace`` (assigning a trace id if it has none) and return its claim check."""
         if not trace.trace_id:
             trace.trace_id = uuid.uuid4().hex
-        self.root.mkdir(parents=True, exist_ok=True)
-        path = (self.root / f"{safe_name(trace.trace_id)}.json").resolve()
         data = trace.model_dump_json().encode()
-        atomic_write(path, data)
-        return TraceRef(uri=path.as_uri(), size=len(data))
+        return TraceRef(uri=self.blobs.put(data), size=len(data))
+
+    async def aput(self, trace: Trace) -> TraceRef:
+        """``put`` for async callers: the event loop is not blocked while the store writes."""
+        if not trace.trace_id:
+            trace.trace_id = uuid.uuid4().hex
+        data = trace.model_dump_json().encode()
+        return TraceRef(uri=await self.blobs.aput(data), size=len(data))
 
     def get(self, ref: TraceRef | str) -> Trace:
-        """Read the trace behind ``ref`` (a TraceRef or its ``file://`` uri)."""
+        """Read the trace behind ``ref`` (a TraceRef or its uri)."""
         uri = ref.uri if isinstance(ref, TraceRef) else ref
+        if uri.startswith("rollouts-storage:"):
+            try:
+                return Trace.model_validate_json(self.blobs.get(uri))
+            except RuntimeError as err:  # the driver's "cannot read": same family as a lost file
+                raise OSError(str(err)) from err
         parsed = urlparse(uri)
         if parsed.scheme not in ("file", ""):
-            raise ValueError(f"TraceStore reads file:// uris only, not {uri!r}")
-        path = Path(unquote(parsed.path)) if parsed.scheme else Path(uri)
+            raise ValueError(f"TraceStore reads rollouts-storage: and file:// uris, not {uri!r}")
+        path = Path(unquote(parsed.path)) if parsed.scheme else self.root / uri
         return Trace.model_validate_json(path.read_bytes())

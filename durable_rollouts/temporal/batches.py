@@ -57,7 +57,8 @@ from durable_rollouts.workflows.types import (
 __all__ = ["JobHandle", "get_job", "job_progress", "run_taskset", "shutdown_embedded", "start_job"]
 
 QUEUE_ENV = "ROLLOUTS_TASK_QUEUE"
-INLINE_ROWS = 200  # above this many rows, the workflow input carries a file reference instead
+INLINE_ROWS = 200  # above this many rows, the workflow input carries a storage reference instead
+INLINE_ROWS_BYTES = 256 * 1024  # ... or above this many bytes of rows
 
 
 # ---------------------------------------------------------------------------------------------
@@ -238,7 +239,8 @@ async def _start(taskset: Any, agent_spec: Any, provider_spec: Any, runtime: Any
     job.batches += 1
     register_taskset(taskset)
     rows_ref = None
-    if len(rows) > INLINE_ROWS:  # keep the workflow input small: rows go by claim check
+    # keep the workflow input (and every continue-as-new carry) small: rows go by claim check
+    if len(rows) > INLINE_ROWS or sum(len(r.model_dump_json()) for r in rows) > INLINE_ROWS_BYTES:
         from durable_rollouts.activities.taskset import ResultStore
 
         rows_ref = ResultStore().put_rows(job.id, batch_index, rows)

@@ -9,7 +9,7 @@ gets a fresh random 96-bit nonce; the metadata holds ``encoding: binary/encrypte
 may be listed, comma-separated: the first encrypts, all decrypt (key rotation). Payloads that were
 never encrypted pass through unchanged.
 
-Imports temporalio, cryptography and the shared errors module only.
+Imports temporalio, cryptography, the shared errors module and (lazily) ``temporal.storage``.
 """
 
 from __future__ import annotations
@@ -125,18 +125,28 @@ class AESGCMCodec(PayloadCodec):
         return inner
 
 
-def data_converter(encrypt: bool | None = None) -> DataConverter:
-    """The pydantic data converter, with :class:`AESGCMCodec` when payloads should be encrypted.
+def data_converter(encrypt: bool | None = None, *, storage: bool = True) -> DataConverter:
+    """The pydantic data converter, with :class:`AESGCMCodec` when payloads should be encrypted
+    and ``ROLLOUTS_STORAGE``'s external storage (``durable_rollouts.temporal.storage``).
+
+    temporalio encodes with the codec first and offloads after, so with a key set the store
+    holds only ciphertext (and the size threshold applies to the encrypted payload).
 
     Args:
         encrypt: None (default) encrypts exactly when ``ROLLOUTS_PAYLOAD_KEY`` is set; True
             requires the key (``ConfigError`` without it); False never encrypts.
+        storage: False leaves every payload inline (no external storage).
     """
+    converter = pydantic_data_converter
+    if storage:
+        from .storage import external_storage
+
+        converter = dataclasses.replace(converter, external_storage=external_storage())
     if encrypt is False:
-        return pydantic_data_converter
+        return converter
     codec = AESGCMCodec.from_env()
     if codec is None:
         if encrypt:
             raise ConfigError(f"payload encryption requested but {KEY_ENV_VAR} is not set")
-        return pydantic_data_converter
-    return dataclasses.replace(pydantic_data_converter, payload_codec=codec)
+        return converter
+    return dataclasses.replace(converter, payload_codec=codec)

@@ -237,13 +237,18 @@ async def connect_client(address: str | None = None, *, namespace: str = "defaul
     """Connect with the pydantic converter; no address -> the embedded dev server.
 
     With ``ROLLOUTS_PAYLOAD_KEY`` set, payloads are encrypted (``durable_rollouts.temporal.codec``); workers
-    built on this client decrypt with the same key list.
+    built on this client decrypt with the same key list. Payloads over the threshold go to
+    ``ROLLOUTS_STORAGE`` (probed first: an unusable store is a ``ConfigError``).
     """
+    from durable_rollouts.temporal.storage import probe
+
+    converter = data_converter()  # a bad ROLLOUTS_STORAGE fails here, before anything starts
+    await probe()
     address = resolve_address(address)
     if address is None:
         address = (await ensure_dev_server()).address
     try:
-        return await Client.connect(address, namespace=namespace, data_converter=data_converter())
+        return await Client.connect(address, namespace=namespace, data_converter=converter)
     except RuntimeError as err:
         raise ConfigError(f"cannot connect to Temporal at {address}: {err}") from err
 

@@ -11,6 +11,7 @@ nobody polls any more) tears the old substrate down and starts a new rollout att
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from datetime import timedelta
 from typing import Any
 
@@ -37,6 +38,7 @@ with workflow.unsafe.imports_passed_through():
         Session,
         StartInput,
         TeardownInput,
+        VerifierSession,
         VerifyInput,
     )
     from durable_rollouts.workflows.types import (
@@ -47,6 +49,8 @@ with workflow.unsafe.imports_passed_through():
         ACT_START,
         ACT_TEARDOWN,
         ACT_VERIFY,
+        ACT_VERIFY_CLOSE,
+        ACT_VERIFY_OPEN,
         ERR_CONFIG,
         ERR_SUBSTRATE_GONE,
         NON_RETRYABLE,
@@ -76,6 +80,8 @@ _OPTIONS: dict[str, tuple[timedelta, timedelta | None, int]] = {
     ACT_GRADE: (timedelta(minutes=30), timedelta(seconds=10), 5),
     ACT_VERIFY: (timedelta(minutes=30), timedelta(seconds=10), 5),
     ACT_TEARDOWN: (timedelta(minutes=2), None, 10),
+    ACT_VERIFY_OPEN: (timedelta(minutes=10), timedelta(seconds=10), 5),
+    ACT_VERIFY_CLOSE: (timedelta(minutes=2), None, 10),
 }
 # Short steps that may run as local activities when the substrate is reachable from this worker;
 # provision/teardown too when the substrate is fast and local (``RolloutInput.local_steps``).
@@ -277,6 +283,8 @@ class Rollout:
     async def _verify(self, inp: RolloutInput, endpoint: Endpoint, session: Session,
                       actor_raw: dict[str, Any], attempt: int) -> Grade:
         assert inp.task.verifier is not None
+        if workflow.patched("verify-session-recorded"):
+            return await self._verify_recorded(inp, endpoint, session, actor_raw, attempt)
         last = ""
         for v in range(1, inp.max_attempts + 1):
             # steps.verify provisions the verifier under f"{key}-verifier"; a new key per try
@@ -291,6 +299,32 @@ class Rollout:
                 if not is_substrate_gone(err):
                     raise _Errored("verifying", _message(err)) from None
                 last = _message(err)  # only the verifier is re-placed; the agent is not re-run
+        raise _Errored("verifying", f"verifier substrate gone {inp.max_attempts} times: {last}")
+
+    async def _verify_recorded(self, inp: RolloutInput, endpoint: Endpoint, session: Session,
+                               actor_raw: dict[str, Any], attempt: int) -> Grade:
+        # open (session recorded) -> grade in it (a retry gets the same verdict) -> close
+        last = ""
+        for v in range(1, inp.max_attempts + 1):
+            key = inp.rollout_id + (f"-a{attempt}" if attempt > 1 else "") + (f"-v{v}" if v > 1 else "")
+            vin = VerifyInput(task=inp.task, actor_endpoint=endpoint, actor_session=session,
+                              actor_raw=actor_raw, provider=inp.provider, key=key)
+            opened: VerifierSession | None = None
+            try:
+                opened = await self._step(ACT_VERIFY_OPEN, vin, VerifierSession, None)
+                vin = vin.model_copy(update={"verifier_endpoint": opened.endpoint,
+                                             "verifier_session": opened.session})
+                return await self._step(ACT_VERIFY, vin, Grade, opened.endpoint)
+            except STEP_FAILURES as err:
+                if _is_cancelled(err):
+                    raise
+                if not is_substrate_gone(err):
+                    raise _Errored("verifying", _message(err)) from None
+                last = _message(err)  # only the verifier is re-placed; the agent is not re-run
+            finally:
+                if opened is not None:
+                    with contextlib.suppress(*STEP_FAILURES):
+                        await self._step(ACT_VERIFY_CLOSE, opened, None, opened.endpoint)
         raise _Errored("verifying", f"verifier substrate gone {inp.max_attempts} times: {last}")
 
     async def _teardown(self, endpoint: Endpoint, session: Session | None) -> None:

@@ -28,6 +28,8 @@ __all__ = [
     "ACT_STORE_RESULTS",
     "ACT_TEARDOWN",
     "ACT_VERIFY",
+    "ACT_VERIFY_CLOSE",
+    "ACT_VERIFY_OPEN",
     "DEFAULT_TASK_QUEUE",
     "ERR_CONFIG",
     "ERR_SUBSTRATE_GONE",
@@ -58,6 +60,8 @@ ACT_START = "rollouts.start"
 ACT_AGENT = "rollouts.agent"
 ACT_GRADE = "rollouts.grade"
 ACT_VERIFY = "rollouts.verify"
+ACT_VERIFY_OPEN = "rollouts.verify_open"
+ACT_VERIFY_CLOSE = "rollouts.verify_close"
 ACT_TEARDOWN = "rollouts.teardown"
 
 # ApplicationError types the activities raise (activities.failures) and the workflows react to.

@@ -15,6 +15,7 @@ from scripted_llm import final, tool_call
 from durable_rollouts.sdk.direct import run_direct
 from durable_rollouts.sdk.openai_agent import OpenAIChatAgent
 from durable_rollouts.sdk.providers import LocalRuntime
+from durable_rollouts.sdk.tracestore import TraceStore
 from durable_rollouts.sdk.taskset import Taskset
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
@@ -88,7 +89,7 @@ async def test_openai_agent_fixes_the_coding_example_end_to_end(
     exported = job.to_jsonl(tmp_path / "runs.jsonl").read_text()
     assert SECRET not in exported + json.dumps(agent.spec().model_dump())
     assert "sed -i" in exported  # the export carries the whole trace, so the check means something
-    assert run.trace_ref is not None and SECRET not in Path(run.trace_ref.uri.removeprefix("file://")).read_text()
+    assert run.trace_ref is not None and SECRET not in TraceStore().get(run.trace_ref).model_dump_json()
 
 
 async def test_a_wrong_fix_scores_zero(scripted_llm: Any) -> None:

@@ -272,9 +272,12 @@ def _rows(evidence: Path, n: int, verified: bool, verify_delay: float) -> list[T
 
 
 def _disk_full(traces: Path) -> None:
+    from durable_rollouts.temporal import storage
+
     traces.mkdir(parents=True, exist_ok=True)
     subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(traces)], check=True)
     (traces / "keep.json").write_text('{"intact": true}')
+    storage.LOOP.run(storage.probe(f"file://{traces}"))  # the workers' start-up probe object
     with contextlib.suppress(OSError), open(traces / "filler", "wb") as fh:
         while True:
             fh.write(b"\0" * 4096)
@@ -324,7 +327,7 @@ async def run_cell(cell: str, client: Any, address: str, workdir: Path, *, rows:
             runtime = Runtime(f"tcp://127.0.0.1:{proxy.port}")
             out.notes.append(f"cut {trigger.decode()} {mode}")
         if cell == "disk_full":
-            _disk_full(home / "traces")
+            _disk_full(home / "storage")  # where traces are written (the file storage driver)
             mounted = True
         await workers.start()
         handle = await start_job(Taskset("chaos", _rows(evidence, rows, cell in VERIFIED, verify_delay)),
@@ -356,7 +359,7 @@ async def run_cell(cell: str, client: Any, address: str, workdir: Path, *, rows:
             borrowed.kill()
             borrowed.wait(10)
         if mounted:
-            await asyncio.to_thread(subprocess.run, ["umount", "-l", str(home / "traces")], check=False)
+            await asyncio.to_thread(subprocess.run, ["umount", "-l", str(home / "storage")], check=False)
         if server is not None:
             await asyncio.to_thread(server.stop)
     # leaks: after the batch finished (and the workers stopped) nothing may be left for this home
@@ -440,8 +443,8 @@ def _check(out: Outcome, cell: str, runs: list[Any], evidence: Path, rows: int, 
             out.wrong += 1
             out.notes.append(f"{run.status} reward={run.reward} error={(run.error or '')[:300]}")
     if cell == "disk_full":
-        traces = home / "traces"
-        leftovers = [p.name for p in traces.glob(".tmp-*")]
+        traces = home / "storage"
+        leftovers = [p.name for p in traces.rglob(".tmp-*")]
         intact = (traces / "keep.json").read_text() == '{"intact": true}'
         if leftovers or not intact:
             out.wrong += 1

@@ -90,7 +90,7 @@ def test_job_reward_errors_and_group_spread() -> None:
 def test_job_from_results_loads_traces_from_the_store(tmp_path: Path) -> None:
     store = TraceStore(tmp_path / "traces")
     ref = store.put(Trace(trace_id="r1", content="3"))
-    assert ref.uri.startswith("file://") and ref.size > 0
+    assert ref.uri.startswith("rollouts-storage:") and ref.size > 0  # through ROLLOUTS_STORAGE
     results = [
         RolloutResult(rollout_id="r1", slug="s", group_id="g", group_index=0, status="succeeded",
                       reward=1.0, grade=Grade(reward=1.0), trace_ref=ref),
@@ -105,12 +105,15 @@ def test_job_from_results_loads_traces_from_the_store(tmp_path: Path) -> None:
     assert rows[0]["trace"]["content"] == "3" and rows[1]["error_phase"] == "provisioning"
 
 
-def test_trace_store_writes_atomically_and_replaces(tmp_path: Path) -> None:
+def test_trace_store_writes_atomically_and_replaces(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setenv("ROLLOUTS_STORAGE", f"file://{tmp_path}/storage")
     store = TraceStore(tmp_path)
-    store.put(Trace(trace_id="same", content="first"))
+    first = store.put(Trace(trace_id="same", content="first"))
     ref = store.put(Trace(trace_id="same", content="second"))
     assert store.get(ref).content == "second" and store.get(ref.uri).content == "second"
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["same.json"]  # no temp files left
+    assert store.get(first).content == "first"  # content-addressed: an older ref still reads
+    files = [p for p in (tmp_path / "storage").rglob("*") if p.is_file()]
+    assert len(files) == 2 and not [p for p in files if p.name.startswith(".tmp-")]
 
 
 async def test_job_start_opens_an_empty_job() -> None:

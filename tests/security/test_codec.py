@@ -84,12 +84,14 @@ async def test_unencrypted_payloads_pass_through_decode() -> None:
 
 def test_data_converter_encrypts_only_when_the_key_is_set(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(KEY_ENV_VAR, raising=False)
-    assert data_converter() is pydantic_data_converter
+    assert data_converter().payload_codec is None
+    assert data_converter(storage=False) is pydantic_data_converter
     with pytest.raises(ConfigError, match=KEY_ENV_VAR):
         data_converter(encrypt=True)
     monkeypatch.setenv(KEY_ENV_VAR, _b64(KEY_A))
     assert isinstance(data_converter().payload_codec, AESGCMCodec)
-    assert data_converter(encrypt=False) is pydantic_data_converter
+    assert data_converter(encrypt=False, storage=False) is pydantic_data_converter
+    assert data_converter(encrypt=False).payload_codec is None
     assert data_converter().payload_converter_class is pydantic_data_converter.payload_converter_class
 
 

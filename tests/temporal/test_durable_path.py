@@ -211,7 +211,7 @@ async def test_large_taskset_rows_travel_by_claim_check(client, task_queue, monk
     assert [r.reward for r in job.runs] == [0.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0]
     history = await handle.handle.fetch_history()  # the latest run after continue-as-new
     started = history.events[0].workflow_execution_started_event_attributes
-    assert b'"rows_ref":"file://' in started.input.payloads[0].data
+    assert b'"rows_ref":"rollouts-storage:' in started.input.payloads[0].data
     assert b'"rows":[]' in started.input.payloads[0].data
 
 

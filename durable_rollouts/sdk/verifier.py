@@ -1,0 +1,92 @@
+"""The recorded verify: open the verifier's session, grade in it, close it — three steps.
+
+``steps.verify`` (one step: acquire, start, grade, release) cannot survive a crash between the
+verifier's grade and the step's result without a host-local verdict cache. Here the verifier's
+endpoint and started session are recorded in workflow history first (``open_verifier``); the grade
+step then resumes that session by id, and grading is idempotent per session on the env server, so
+a retried grade — on any worker — returns the verdict already reached instead of grading again;
+``close_verifier`` ends the session and releases the verifier's own substrate afterwards.
+Temporal-free; the Rollout workflow calls these behind ``workflow.patched("verify-session-recorded")``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+from ..errors import ConfigError, ProtocolError
+from ..models import Grade, Session, Task, VerifierSession, VerifyInput
+from .providers import DurableProvider, provider_from_spec
+from .steps import (
+    RESUME_TIMEOUT_S,
+    _end_session,
+    _fresh,
+    _grade_failure,
+    _probe,
+    _raise_start_error,
+    _ready_timeout,
+    _resume,
+    _to_grade,
+    teardown_with,
+)
+
+__all__ = ["close_verifier", "grade_verifier", "open_verifier", "shares_actor_server"]
+
+
+def shares_actor_server(task: Task) -> bool:
+    """The verifier runs as a new session on the actor's own server (same env, no config)."""
+    verifier = task.verifier
+    return verifier is not None and verifier.env == task.env and verifier.runtime_config is None
+
+
+async def open_verifier(inp: VerifyInput, *, provider: DurableProvider | None = None) -> VerifierSession:
+    """Place the verifier (own substrate under ``f"{key}-verifier"``, or the actor's server),
+    start its task in a new session and leave that session parked; returns where it is."""
+    verifier = inp.task.verifier
+    if verifier is None:
+        raise ConfigError(f"task {inp.task.slug} has no verifier")
+    if shares_actor_server(inp.task):
+        await _probe(inp.actor_endpoint)
+        endpoint, owned, timeout = inp.actor_endpoint, False, RESUME_TIMEOUT_S
+    else:
+        provider = provider or provider_from_spec(inp.provider)
+        provider.check_config(verifier.runtime_config, what=f"verifier of {inp.task.slug}")
+        endpoint = await provider.acquire(verifier, f"{inp.key}-verifier")  # idempotent by key
+        owned, timeout = True, _ready_timeout(endpoint)
+    client = await _fresh(endpoint, timeout)
+    try:
+        try:
+            await client.start_task(verifier.id, dict(verifier.args))
+        except ProtocolError as exc:
+            _raise_start_error(exc, verifier)
+        session = Session(session_id=client.session_id, env_name=client.env.name,
+                          env_version=client.env.version, bindings=list(client.bindings))
+    finally:
+        with contextlib.suppress(Exception):
+            await client.close()  # no bye: the session parks with its task started
+    return VerifierSession(endpoint=endpoint, session=session, owned=owned)
+
+
+async def grade_verifier(inp: VerifyInput) -> Grade:
+    """Grade the recorded verifier session with the actor's result (idempotent on the server)."""
+    assert inp.verifier_endpoint is not None and inp.verifier_session is not None
+    verifier = inp.task.verifier
+    name = verifier.id if verifier is not None else "?"
+    client = await _resume(inp.verifier_endpoint, inp.verifier_session)
+    try:
+        frame = await client.grade(inp.actor_raw)
+    except ProtocolError as exc:
+        return Grade.error(f"verifier {name!r}: {_grade_failure(exc, None)}")
+    finally:
+        with contextlib.suppress(Exception):
+            await client.close()
+    return _to_grade(frame)
+
+
+async def close_verifier(opened: VerifierSession, *, provider: DurableProvider | None = None) -> None:
+    """End the verifier's session; release its own substrate (never the actor's)."""
+    if opened.owned:
+        await teardown_with(opened.endpoint, opened.session,
+                            provider or provider_from_spec(opened.endpoint.provider))
+        return
+    with contextlib.suppress(Exception):
+        await _end_session(opened.endpoint, opened.session)
