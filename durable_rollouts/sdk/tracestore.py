@@ -4,7 +4,8 @@ Traces are written through the ``ROLLOUTS_STORAGE`` driver (``durable_rollouts.t
 the same store temporalio offloads large payloads to), so any host with the bucket reads them,
 for as long as the bucket keeps them, independent of Temporal's history retention. The TraceRef's
 uri is then a ``rollouts-storage:`` claim; ``file://`` refs written by earlier releases are still
-read. Imports models and paths; the storage module (temporalio) only lazily, on first use.
+read. Imports models, paths and ``sdk.blobs`` (the store is registered there by the Temporal
+layer, so this module never imports temporalio).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import Any
 from urllib.parse import unquote, urlparse
 
 from ..models import Trace, TraceRef
+from .blobs import default_blobs
 from .paths import rollouts_home
 
 __all__ = ["TraceStore"]
@@ -25,7 +27,8 @@ class TraceStore:
 
     Args:
         root: where legacy relative trace paths resolve (default ``$ROLLOUTS_HOME/traces``).
-        blobs: a ``temporal.storage.Blobs`` (default: the one of ``ROLLOUTS_STORAGE``).
+        blobs: a ``sdk.blobs.BlobStore`` (default: ``default_blobs()``, the ``ROLLOUTS_STORAGE``
+            store once the Temporal layer is loaded).
     """
 
     def __init__(self, root: Path | str | None = None, *, blobs: Any = None) -> None:
@@ -35,9 +38,7 @@ class TraceStore:
     @property
     def blobs(self) -> Any:
         if self._blobs is None:
-            from durable_rollouts.temporal.storage import blobs
-
-            self._blobs = blobs()
+            self._blobs = default_blobs()
         return self._blobs
 
     def put(self, trace: Trace) -> TraceRef:

@@ -23,11 +23,10 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import os
-import threading
-from collections.abc import Coroutine, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TypeVar
 from urllib.parse import parse_qsl, unquote, urlencode, urlparse
 
 from temporalio.api.common.v1 import Payload
@@ -41,6 +40,9 @@ from temporalio.converter import (
 )
 
 from durable_rollouts.errors import ConfigError
+from durable_rollouts.sdk.blobs import register_blobs
+from durable_rollouts.temporal.encryption import AESGCMCodec
+from durable_rollouts.temporal.storage_loop import LOOP
 from durable_rollouts.sdk.paths import atomic_write, rollouts_home
 
 __all__ = [
@@ -116,42 +118,6 @@ def _threshold() -> int:
     return value
 
 
-# ---------------------------------------------------------------------------------------------
-# one background loop per process for store I/O
-
-
-class _Loop:
-    """A daemon thread running an event loop; coroutines submitted from any thread or loop."""
-
-    def __init__(self) -> None:
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._lock = threading.Lock()
-
-    def _get(self) -> asyncio.AbstractEventLoop:
-        with self._lock:
-            if self._loop is None or self._loop.is_closed():
-                loop = asyncio.new_event_loop()
-                threading.Thread(target=loop.run_forever, name="rollouts-storage",
-                                 daemon=True).start()
-                self._loop = loop
-            return self._loop
-
-    def run(self, coro: Coroutine[Any, Any, _T]) -> _T:
-        """Run ``coro`` on the background loop and wait for it (from sync code)."""
-        return asyncio.run_coroutine_threadsafe(coro, self._get()).result()
-
-    async def arun(self, coro: Coroutine[Any, Any, _T]) -> _T:
-        """Await ``coro`` on the background loop (from any other loop)."""
-        loop = self._get()
-        try:
-            if asyncio.get_running_loop() is loop:
-                return await coro
-        except RuntimeError:
-            pass
-        return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coro, loop))
-
-
-LOOP = _Loop()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -266,8 +232,6 @@ class Blobs:
         if driver is None:
             _, driver = _driver()
         if codec is None and use_env_codec:
-            from durable_rollouts.temporal.codec import AESGCMCodec
-
             codec = AESGCMCodec.from_env()
         self.driver, self.codec = driver, codec
 
@@ -354,3 +318,6 @@ def _cause(err: BaseException) -> str:
         err = err.__cause__
     text = " ".join(str(err).split()) or type(err).__name__
     return f"{type(err).__name__}: {text}"[:300]
+
+
+register_blobs(blobs)  # the sdk's traces go to this store whenever the Temporal layer is loaded

@@ -20,6 +20,7 @@ from temporalio.contrib.aws.s3driver import S3StorageDriverClient
 from temporalio.contrib.gcp.gcsdriver import GCSStorageDriverClient
 
 from durable_rollouts.errors import ConfigError
+from durable_rollouts.temporal.storage_loop import LOOP
 
 __all__ = ["GCSClient", "S3Client"]
 
@@ -65,7 +66,6 @@ class S3Client(S3StorageDriverClient):
         return info
 
     async def object_exists(self, *, bucket: str, key: str) -> bool:
-        from durable_rollouts.temporal.storage import LOOP
 
         return await LOOP.arun(self._exists(bucket, self.prefix + key))
 
@@ -81,7 +81,6 @@ class S3Client(S3StorageDriverClient):
             raise
 
     async def put_object(self, *, bucket: str, key: str, data: bytes) -> None:
-        from durable_rollouts.temporal.storage import LOOP
 
         async def put() -> None:
             await (await self._s3()).put_object(Bucket=bucket, Key=self.prefix + key, Body=data)
@@ -89,7 +88,6 @@ class S3Client(S3StorageDriverClient):
         await LOOP.arun(put())
 
     async def get_object(self, *, bucket: str, key: str) -> bytes:
-        from durable_rollouts.temporal.storage import LOOP
 
         async def get() -> bytes:
             response = await (await self._s3()).get_object(Bucket=bucket, Key=self.prefix + key)
@@ -101,7 +99,6 @@ class S3Client(S3StorageDriverClient):
 
 def _close(manager: Any) -> None:
     """At exit: close the aioboto3 client (its HTTP session) on the storage loop."""
-    from durable_rollouts.temporal.storage import LOOP
 
     with contextlib.suppress(Exception):
         LOOP.run(asyncio.wait_for(manager.__aexit__(None, None, None), 2.0))
@@ -129,19 +126,16 @@ class GCSClient(GCSStorageDriverClient):
         return self._inner
 
     async def object_exists(self, *, bucket: str, object_name: str) -> bool:
-        from durable_rollouts.temporal.storage import LOOP
 
         return await LOOP.arun(self._gcs().object_exists(
             bucket=bucket, object_name=self.prefix + object_name))
 
     async def put_object(self, *, bucket: str, object_name: str, data: bytes) -> None:
-        from durable_rollouts.temporal.storage import LOOP
 
         await LOOP.arun(self._gcs().put_object(
             bucket=bucket, object_name=self.prefix + object_name, data=data))
 
     async def get_object(self, *, bucket: str, object_name: str) -> bytes:
-        from durable_rollouts.temporal.storage import LOOP
 
         return await LOOP.arun(self._gcs().get_object(
             bucket=bucket, object_name=self.prefix + object_name))
