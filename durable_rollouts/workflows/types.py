@@ -7,6 +7,8 @@ Must not import envserver, sdk, activities or anything with I/O.
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import BaseModel, ConfigDict, Field
 
 from durable_rollouts.models import (
@@ -28,6 +30,10 @@ __all__ = [
     "ACT_TEARDOWN",
     "ACT_VERIFY",
     "DEFAULT_TASK_QUEUE",
+    "ERROR_STATUSES",
+    "ON_ERROR_POLICIES",
+    "OnError",
+    "RETRYABLE_STATUSES",
     "MAX_CONCURRENT",
     "LoadRowsInput",
     "Progress",
@@ -56,7 +62,9 @@ ACT_GRADE = "rollouts.grade"
 ACT_VERIFY = "rollouts.verify"
 ACT_TEARDOWN = "rollouts.teardown"
 
-# Keyword search attributes registered on the embedded dev server (name -> Temporal type).
+# Search attributes registered on the embedded dev server (name -> Temporal type). Batches carry
+# JobId/JobName/Taskset/Agent/Status; every Rollout carries JobId, TaskSlug, Status, Reward and
+# ErrorPhase.
 SEARCH_ATTRIBUTES = {
     "RolloutsJobId": "Keyword",
     "RolloutsJobName": "Keyword",
@@ -64,7 +72,17 @@ SEARCH_ATTRIBUTES = {
     "RolloutsAgent": "Keyword",
     "RolloutsTaskSlug": "Keyword",
     "RolloutsStatus": "Keyword",
+    "RolloutsReward": "Double",
+    "RolloutsErrorPhase": "Keyword",
 }
+
+OnError = Literal["keep", "drop_group", "fail"]
+"""What a batch does about a rollout whose error survived its retries (``TasksetRunInput.on_error``)."""
+ON_ERROR_POLICIES: tuple[str, ...] = ("keep", "drop_group", "fail")
+RETRYABLE_STATUSES = frozenset({"errored", "timeout"})
+"""Statuses a batch re-runs fresh when ``retries`` allows."""
+ERROR_STATUSES = frozenset({"errored", "timeout", "failed"})
+"""Statuses that count as an (unrecovered, once retries are spent) error for ``on_error``."""
 
 
 class _Model(BaseModel):
@@ -105,8 +123,10 @@ class Progress(_Model):
         return self.reward_sum / self.graded if self.graded else None
 
     def count(self, result: RolloutResult) -> None:
+        # Only a succeeded rollout's reward is a reward (an errored one's grade is best effort).
+        # Runs inside the workflow, but only feeds the query and the current details: replay-safe.
         setattr(self, result.status, getattr(self, result.status) + 1)
-        if result.reward is not None:
+        if result.status == "succeeded" and result.reward is not None:
             self.reward_sum += result.reward
             self.graded += 1
 
@@ -131,6 +151,9 @@ class TasksetRunInput(_Model):
     provider: ProviderSpec
     rollout_timeout_s: float | None = None
     max_attempts: int = Field(default=3, ge=1)
+    # Batch policy: fresh re-runs of an errored/timed-out rollout, then what an error left means.
+    retries: int = Field(default=0, ge=0, le=20)
+    on_error: OnError = "keep"
     local_steps: bool = True  # fast local substrate: provision/teardown as local activities too
     task_queue: str = DEFAULT_TASK_QUEUE
     search_attributes: bool = True
@@ -150,6 +173,8 @@ class TasksetRunResult(_Model):
     job_id: str
     job_name: str = ""
     batch_index: int = 0
+    on_error: OnError = "keep"
+    failed_on: str | None = None  # on_error="fail": the rollout whose error stopped the batch
     progress: Progress
     results: list[RolloutResult] = Field(default_factory=list)
     result_refs: list[ResultsRef] = Field(default_factory=list)
@@ -168,6 +193,10 @@ class RolloutInput(_Model):
     max_attempts: int = Field(default=3, ge=1)
     local_steps: bool = False
     task_queue: str = DEFAULT_TASK_QUEUE  # the queue this workflow runs on (replay-safe)
+    # Upsert RolloutsStatus/Reward/ErrorPhase (the parent knows they are registered); False in
+    # every history recorded before these attributes existed.
+    search_attributes: bool = False
+    retry: int = 0  # fresh re-runs before this one (the child id then ends in -r<retry>)
 
 
 class ResolveGroupInput(_Model):
