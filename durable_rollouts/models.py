@@ -24,6 +24,8 @@ __all__ = [
     "TeardownInput",
     "VerifyInput",
     "AgentSpec",
+    "ERROR_STATUSES",
+    "RETRYABLE_STATUSES",
     "Endpoint",
     "Grade",
     "Limits",
@@ -278,6 +280,10 @@ class AgentResult(_Model):
 
 
 RolloutStatus = Literal["succeeded", "errored", "failed", "cancelled", "timeout"]
+RETRYABLE_STATUSES = frozenset({"errored", "timeout"})
+"""Statuses a batch re-runs fresh when its ``retries`` allow."""
+ERROR_STATUSES = frozenset({"errored", "timeout", "failed"})
+"""A rollout in one of these, once retries are spent, is an unrecovered error (``on_error``)."""
 
 
 class RetryAttempt(_Model):

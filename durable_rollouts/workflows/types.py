@@ -12,6 +12,8 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from durable_rollouts.models import (
+    ERROR_STATUSES,
+    RETRYABLE_STATUSES,
     AgentSpec,
     ProviderSpec,
     RolloutResult,
@@ -79,10 +81,7 @@ SEARCH_ATTRIBUTES = {
 OnError = Literal["keep", "drop_group", "fail"]
 """What a batch does about a rollout whose error survived its retries (``TasksetRunInput.on_error``)."""
 ON_ERROR_POLICIES: tuple[str, ...] = ("keep", "drop_group", "fail")
-RETRYABLE_STATUSES = frozenset({"errored", "timeout"})
-"""Statuses a batch re-runs fresh when ``retries`` allows."""
-ERROR_STATUSES = frozenset({"errored", "timeout", "failed"})
-"""Statuses that count as an (unrecovered, once retries are spent) error for ``on_error``."""
+
 
 
 class _Model(BaseModel):
