@@ -21,6 +21,19 @@ from .cli_common import (
 
 __all__ = ["register"]
 
+RetriesOption = Annotated[
+    int,
+    typer.Option(
+        "--retries", min=0, max=20, help="fresh re-runs of an errored or timed-out rollout"
+    ),
+]
+OnErrorOption = Annotated[
+    str,
+    typer.Option(
+        "--on-error", help="keep | drop-group | fail: what an error left after retries means"
+    ),
+]
+
 _RUN_HELP = """Run every task of TASKS (a .py, .json or .jsonl file) GROUP times with an agent, durably.
 
 Starts one Temporal batch (on the embedded dev server with a worker in this process, unless --temporal or $ROLLOUTS_TEMPORAL_ADDRESS is set), prints its Web UI link, shows live progress and ends with a per-task summary. Exit code: 0 every rollout succeeded, 1 some did not (re-run them with `rollouts resume JOB`), 2 bad input.
@@ -28,6 +41,8 @@ Starts one Temporal batch (on the embedded dev server with a worker in this proc
 --agent: a built-in (fixed, table, sleep, fail), module:Class or file.py:Class, configured with --agent-config JSON.
 
 --runtime: local[:ENV.py] (served in the worker process), subprocess[:ENV.py], docker:IMAGE, ssh://USER@HOST[:PORT]/WORKDIR[?key=PATH], tcp://HOST:PORT (a running env server).
+
+--retries N re-runs an errored or timed-out rollout fresh (new substrate, same group); --on-error then decides about an error left: keep (default), drop-group (the group is exported with dropped: true and left out of the stats) or fail (cancel the rest of the job; teardown still runs; exit 1). Only succeeded rollouts carry a reward.
 
 --detach with the embedded server starts a background `rollouts worker --until-job JOB` that exits when the job has closed; against --temporal it relies on running workers.
 """
@@ -87,6 +102,11 @@ def register(app: typer.Typer) -> None:
             ),
         ] = None,
         connect_timeout: ConnectTimeoutOption = 5.0,
+        retries: RetriesOption = 0,
+        on_error: OnErrorOption = "keep",
+        export_format: Annotated[
+            str, typer.Option("--format", help="-o format: jsonl, openai or atif")
+        ] = "jsonl",
     ) -> None:
         from .commands.batch import RunOptions, run_batch
 
@@ -106,6 +126,9 @@ def register(app: typer.Typer) -> None:
             worker=worker,
             task_queue=task_queue,
             connect_timeout=connect_timeout,
+            retries=retries,
+            on_error=on_error,
+            export_format=export_format,
         )
         drive(lambda out, err: run_batch(opts, out, err))
 
@@ -141,6 +164,14 @@ def register(app: typer.Typer) -> None:
         ] = None,
         worker: WorkerOption = None,
         connect_timeout: ConnectTimeoutOption = 5.0,
+        retries: Annotated[
+            int | None,
+            typer.Option("--retries", min=0, max=20, help="override the batches' --retries"),
+        ] = None,
+        on_error: Annotated[
+            str | None,
+            typer.Option("--on-error", help="override the batches' --on-error"),
+        ] = None,
     ) -> None:
         """Re-run only the selected rollouts of a finished job; every other result is kept.
 
@@ -162,6 +193,8 @@ def register(app: typer.Typer) -> None:
                 output=output,
                 worker=worker,
                 connect_timeout=connect_timeout,
+                retries=retries,
+                on_error=on_error,
             )
         )
 
@@ -225,15 +258,26 @@ def register(app: typer.Typer) -> None:
             )
         )
 
-    @app.command(
+    server_app = typer.Typer(
+        invoke_without_command=True,
+        no_args_is_help=False,
+        help="Run the embedded Temporal dev server in the foreground; `status` / `stop` for the "
+        "one `rollouts run` leaves running.",
         epilog="""Examples:
 
       rollouts server                 # then open the printed Web UI address
 
       rollouts server --port 7233 --ui-port 8233
-    """
+
+      rollouts server status          # exit 1 when none is running
+
+      rollouts server stop
+    """,
     )
+
+    @server_app.callback()
     def server(
+        ctx: typer.Context,
         port: Annotated[
             int | None, typer.Option("--port", help="gRPC port (default 7233, else a free one)")
         ] = None,
@@ -247,6 +291,24 @@ def register(app: typer.Typer) -> None:
 
         Other commands without --temporal use it. If it is already running, prints its addresses.
         """
+        if ctx.invoked_subcommand is not None:
+            return
         from .commands.service import run_server
 
         drive(lambda out, err: run_server(out, port=port, ui_port=ui_port, headless=headless))
+
+    @server_app.command("status")
+    def server_status(as_json: JsonOption = False) -> None:
+        """Show the embedded server: addresses, pid, database file, Web UI link; exit 1 if none runs."""
+        from .commands.service import server_status as status
+
+        drive(lambda out, err: status(out, as_json=as_json))
+
+    @server_app.command("stop")
+    def server_stop() -> None:
+        """Stop the embedded server `rollouts run` left running (exit 0 also when none was)."""
+        from .commands.service import server_stop as stop
+
+        drive(lambda out, err: stop(out))
+
+    app.add_typer(server_app, name="server")
