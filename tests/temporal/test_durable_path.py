@@ -72,7 +72,7 @@ async def test_agent_failure_is_graded_and_counted_not_raised(client, task_queue
                             temporal=client, worker=True, task_queue=task_queue)
     (run,) = job.runs
     assert run.status == "errored" and run.error_phase == "agent loop" and "boom" in (run.error or "")
-    assert run.grade is not None and run.reward == 0.0
+    assert run.grade is not None and run.grade_reward == 0.0 and run.reward is None  # graded, but no reward
 
 
 async def test_unknown_task_fails_fast_without_retries(client, task_queue) -> None:
