@@ -82,7 +82,8 @@ async def test_drop_group_leaves_a_group_with_an_unrecovered_error_out_of_the_st
     job = await ts.run(agent, runtime=LocalRuntime(ENV_FILE), group=2, on_error="drop_group",
                        temporal=client, worker=True, task_queue=task_queue)
     gid_a, gid_b, gid_c = (job.runs[i].group_id for i in (0, 2, 4))
-    assert [r.status for r in job.runs] == ["errored", "succeeded"] * 1 + ["succeeded"] * 2 + ["errored", "succeeded"]
+    assert [r.status for r in job.runs] == ["errored", "succeeded", "succeeded", "succeeded",
+                                             "errored", "succeeded"]
     assert job.dropped_groups == [gid_a, gid_c]
     assert [r.dropped for r in job.runs] == [True, True, False, False, True, True]
     assert job.reward == 1.0 and [r.group_id for r in job.graded] == [gid_b, gid_b]
