@@ -110,10 +110,20 @@ def _prompt_messages(step: Step) -> list[dict[str, Any]]:
     return out
 
 
+def _ordered(steps: list[Step]) -> list[Step]:
+    """Trace order, except that system prompts recorded before the first agent turn (the agent
+    records its system prompt after the task step recorded the user prompt) come first."""
+    first_agent = next((i for i, s in enumerate(steps) if s.source == "agent"), len(steps))
+    head = steps[:first_agent]
+    moved = {id(s) for s in head if s.source == "system" and s.messages}
+    return ([s for s in head if id(s) in moved] + [s for s in head if id(s) not in moved]
+            + steps[first_agent:])
+
+
 def chat_messages(run: Any) -> list[dict[str, Any]]:
     """The rollout as OpenAI chat messages (system/user/assistant/tool), in trace order."""
     messages: list[dict[str, Any]] = []
-    for step in run.trace.steps:
+    for step in _ordered(run.trace.steps):
         raw = _prompt_messages(step) if step.task_call is not None else step.messages
         for message in raw:
             converted = _chat_message(message, len(messages))
@@ -207,7 +217,7 @@ def _atif_step(step: Step, step_id: int) -> dict[str, Any]:
 def atif_record(run: Any, agent: AgentSpec | None = None) -> dict[str, Any]:
     """One ATIF trajectory (``schema_version`` ATIF-v1.4); our ids and outcome under ``extra``."""
     steps: list[dict[str, Any]] = []
-    for step in run.trace.steps:
+    for step in _ordered(run.trace.steps):
         if step.source == "tool":  # a tool result: the observation of the agent step that called it
             result = {"source_call_id": str((step.messages[0] if step.messages else {}).get("tool_call_id") or ""),
                       "content": _text((step.messages[0] if step.messages else {}).get("content"))}
