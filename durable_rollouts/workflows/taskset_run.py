@@ -99,6 +99,10 @@ class TasksetRun:
         pending: list[asyncio.Task[RolloutResult]] = []
         try:
             while index < total or pending:
+                if self._failed_on is not None:  # on_error="fail": cancel the rest (teardown runs)
+                    index = await self._fail_rest(inp, pending, index, total, results)
+                    pending = []
+                    break
                 while index < total and len(pending) < inp.max_concurrent and not self._too_long(inp):
                     row_index, group_index = self._slot(inp, index)
                     row = await self._row(inp, row_index)
@@ -107,12 +111,9 @@ class TasksetRun:
                         try:
                             task = await self._resolve(inp, row)
                         except ActivityError as err:  # the whole group fails, the batch goes on
-                            while index < total and self._slot(inp, index)[0] == row_index:
-                                failed = self._unresolved(inp, row, row_index, self._slot(inp, index)[1], err)
-                                results.append(failed)
-                                progress.started += 1
-                                progress.count(failed)
-                                index += 1
+                            index = self._group_unresolved(inp, row, row_index, index, total, err, results)
+                            if self._failed_on is not None:
+                                break
                             continue
                         resolved[row_index] = task
                     pending.append(asyncio.ensure_future(
@@ -120,6 +121,8 @@ class TasksetRun:
                     index += 1
                     progress.started += 1
                     progress.running += 1
+                if self._failed_on is not None:
+                    continue  # cancel the rest at the top of the loop
                 if not pending:
                     break
                 done, rest = await workflow.wait(pending, return_when=asyncio.FIRST_COMPLETED)
@@ -128,12 +131,7 @@ class TasksetRun:
                     result = fut.result()
                     results.append(result)
                     progress.running -= 1
-                    progress.count(result)
-                    if inp.on_error == "fail" and result.status in ERROR_STATUSES and self._failed_on is None:
-                        self._failed_on = result.rollout_id
-                if self._failed_on is not None:  # on_error="fail": cancel the rest (teardown runs)
-                    index = await self._fail_rest(inp, pending, index, total, results)
-                    pending = []
+                    self._count(inp, result)
                 self._details(progress)
         except asyncio.CancelledError:
             await self._cancel_children(inp, pending)
@@ -158,6 +156,25 @@ class TasksetRun:
         return TasksetRunResult(job_id=inp.job_id, job_name=inp.job_name, batch_index=inp.batch_index,
                                 on_error=inp.on_error, failed_on=self._failed_on,
                                 progress=progress, results=results, result_refs=refs)
+
+    def _count(self, inp: TasksetRunInput, result: RolloutResult) -> None:
+        """Count a final result; under on_error="fail" the first error marks the batch failed."""
+        assert self._progress is not None
+        self._progress.count(result)
+        if inp.on_error == "fail" and result.status in ERROR_STATUSES and self._failed_on is None:
+            self._failed_on = result.rollout_id
+
+    def _group_unresolved(self, inp: TasksetRunInput, row: Task, row_index: int, index: int, total: int,
+                          err: ActivityError, results: list[RolloutResult]) -> int:
+        """Record every rollout of a group whose task did not resolve as failed; the next index."""
+        assert self._progress is not None
+        while index < total and self._slot(inp, index)[0] == row_index:
+            failed = self._unresolved(inp, row, row_index, self._slot(inp, index)[1], err)
+            results.append(failed)
+            self._progress.started += 1
+            self._count(inp, failed)
+            index += 1
+        return index
 
     async def _fail_rest(self, inp: TasksetRunInput, pending: list[asyncio.Task[RolloutResult]],
                          index: int, total: int, results: list[RolloutResult]) -> int:
