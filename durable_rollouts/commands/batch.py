@@ -137,31 +137,9 @@ async def finish(
 
 
 def policy_notes(view: JobView, out: Console) -> None:
-    """Say which groups ``drop_group`` left out and which rollout made ``fail`` stop a batch."""
-    dropped = render.dropped_groups(view.runs)
-    if dropped:
-        out.print(
-            f"{len(dropped)} dropped group(s) (on_error=drop_group; exported with dropped: true, "
-            f"left out of the stats): {', '.join(dropped)}",
-            highlight=False,
-        )
-    for batch in view.batches:
-        stopped = _stopped_by(batch)
-        if stopped:
-            out.print(
-                f"batch {batch.workflow_id} stopped by on_error=fail after {stopped} failed",
-                highlight=False,
-            )
-
-
-def _stopped_by(batch: Any) -> str | None:
-    if batch.input.on_error != "fail":
-        return None
-    marker = "on_error=fail stopped the batch after "
-    for run in batch.runs:
-        if run.error and marker in run.error:
-            return str(run.error.split(marker, 1)[1].removesuffix(" failed"))
-    return None
+    """Print which groups ``drop_group`` left out and which rollout made ``fail`` stop a batch."""
+    for line in render.policy_lines(view.runs, [(b.workflow_id, b.input.on_error, b.runs) for b in view.batches]):
+        out.print(line, highlight=False)
 
 
 def job_json(view: JobView, ui: str | None) -> dict[str, Any]:

@@ -25,6 +25,7 @@ __all__ = [
     "export_record",
     "jobs_table",
     "mean_reward",
+    "policy_lines",
     "rollout_table",
     "status_counts",
     "summary_table",
@@ -114,6 +115,25 @@ def mean_reward(runs: Iterable[Any]) -> float | None:
 def dropped_groups(runs: Iterable[Any]) -> list[str]:
     """Group ids dropped by ``on_error=drop_group``, in order."""
     return list(dict.fromkeys(r.group_id for r in runs if getattr(r, "dropped", False)))
+
+
+_FAIL_MARK = "on_error=fail stopped the batch after "
+
+
+def policy_lines(runs: list[Any], batches: list[tuple[str, str, list[Any]]]) -> list[str]:
+    """Notes on the batch policies: the dropped groups, and for each ``(workflow id, on_error,
+    runs)`` batch stopped by ``on_error=fail`` the rollout that stopped it."""
+    lines = []
+    dropped = dropped_groups(runs)
+    if dropped:
+        lines.append(f"{len(dropped)} dropped group(s) (on_error=drop_group; exported with "
+                     f"dropped: true, left out of the stats): {', '.join(dropped)}")
+    for wf_id, on_error, batch_runs in batches:
+        marks = [r.error for r in batch_runs if on_error == "fail" and r.error and _FAIL_MARK in r.error]
+        if marks:
+            culprit = marks[0].split(_FAIL_MARK, 1)[1].removesuffix(" failed")
+            lines.append(f"batch {wf_id} stopped by on_error=fail after {culprit} failed")
+    return lines
 
 
 def summary_table(rows: list[dict[str, Any]], title: str | None = None) -> Table:

@@ -184,12 +184,15 @@ class TasksetRun:
         assert progress is not None
         for fut in pending:
             fut.cancel()
+        cut = f"on_error=fail stopped the batch after {self._failed_on} failed"
         for outcome in await asyncio.gather(*pending, return_exceptions=True):
             if isinstance(outcome, RolloutResult):
+                if outcome.status == "cancelled" and cut not in (outcome.error or ""):
+                    outcome.error = f"cancelled: {cut}" + (f" ({outcome.error})" if outcome.error else "")
                 results.append(outcome)
                 progress.running -= 1
                 progress.count(outcome)
-        note = f"not started: on_error=fail stopped the batch after {self._failed_on} failed"
+        note = f"not started: {cut}"
         while index < total:
             row_index, group_index = self._slot(inp, index)
             row = await self._row(inp, row_index)

@@ -70,6 +70,8 @@ def test_run_with_on_error_fail_stops_the_job_and_exits_one(dev_server, tmp_path
     summary = result.json()
     assert [r["status"] for r in summary["rollouts"]] == ["errored", "cancelled"]
     assert "on_error=fail" in summary["rollouts"][1]["error"]
+    shown = rollouts("show", summary["job_id"], "--temporal", dev_server.address)
+    assert f"stopped by on_error=fail after {summary['rollouts'][0]['rollout_id']} failed" in shown.out
     resumed = rollouts("resume", summary["job_id"], "--on-error", "keep", "--temporal", dev_server.address,
                        "--worker", "--json", PYTHONPATH=PYPATH, timeout=120)
     assert resumed.code == 1, resumed.err  # "a" still fails, but "b" now runs
