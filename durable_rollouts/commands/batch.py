@@ -30,7 +30,16 @@ from .progress import follow
 from .resume import plan_resume, start_resume
 from .select import parse_only
 
-__all__ = ["RunOptions", "finish", "job_json", "policy_notes", "resume_job", "run_batch", "ui_base", "write_export"]
+__all__ = [
+    "RunOptions",
+    "finish",
+    "job_json",
+    "policy_notes",
+    "resume_job",
+    "run_batch",
+    "ui_base",
+    "write_export",
+]
 
 
 @dataclass
@@ -138,7 +147,8 @@ async def finish(
 
 def policy_notes(view: JobView, out: Console) -> None:
     """Print which groups ``drop_group`` left out and which rollout made ``fail`` stop a batch."""
-    for line in render.policy_lines(view.runs, [(b.workflow_id, b.input.on_error, b.runs) for b in view.batches]):
+    batches = [(b.workflow_id, b.input.on_error, b.runs) for b in view.batches]
+    for line in render.policy_lines(view.runs, batches):
         out.print(line, highlight=False)
 
 

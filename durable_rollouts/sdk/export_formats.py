@@ -103,8 +103,9 @@ def _prompt_messages(step: Step) -> list[dict[str, Any]]:
     out = []
     for message in step.messages:
         content = message.get("content")
-        if isinstance(content, list) and content and all(isinstance(m, dict) and "role" in m for m in content):
-            out.extend(m for m in content)  # a messages prompt
+        if isinstance(content, list) and content and all(
+                isinstance(m, dict) and "role" in m for m in content):
+            out.extend(content)  # a messages prompt
         else:
             out.append(message)
     return out
@@ -219,12 +220,13 @@ def atif_record(run: Any, agent: AgentSpec | None = None) -> dict[str, Any]:
     steps: list[dict[str, Any]] = []
     for step in _ordered(run.trace.steps):
         if step.source == "tool":  # a tool result: the observation of the agent step that called it
-            result = {"source_call_id": str((step.messages[0] if step.messages else {}).get("tool_call_id") or ""),
-                      "content": _text((step.messages[0] if step.messages else {}).get("content"))}
+            message = step.messages[0] if step.messages else {}
+            result = {"source_call_id": str(message.get("tool_call_id") or ""),
+                      "content": _text(message.get("content"))}
             owner = steps[-1] if steps and steps[-1]["source"] == "agent" else None
             if owner is None:
-                owner = {"step_id": len(steps) + 1, "timestamp": _iso(step.started_at), "source": "system",
-                         "message": ""}
+                owner = {"step_id": len(steps) + 1, "timestamp": _iso(step.started_at),
+                         "source": "system", "message": ""}
                 steps.append(owner)
             owner.setdefault("observation", {"results": []})["results"].append(result)
             continue
@@ -238,7 +240,8 @@ def atif_record(run: Any, agent: AgentSpec | None = None) -> dict[str, Any]:
             s.pop("timestamp", None)
     models = [s["model_name"] for s in steps if "model_name" in s]
     config = agent.config if agent is not None else {}
-    model_name = config.get("model") if isinstance(config.get("model"), str) else (models[0] if models else None)
+    model_name = config.get("model") if isinstance(config.get("model"), str) else None
+    model_name = model_name or (models[0] if models else None)
     agent_obj: dict[str, Any] = {"name": agent.path if agent is not None else "unknown",
                                  "version": str(config.get("version") or _VERSION)}
     if model_name:
@@ -262,7 +265,8 @@ def atif_record(run: Any, agent: AgentSpec | None = None) -> dict[str, Any]:
 # -- writing -------------------------------------------------------------------------------------
 
 
-def records(runs: Iterable[Any], format: str = "jsonl", agent: AgentSpec | None = None) -> Iterator[dict[str, Any]]:
+def records(runs: Iterable[Any], format: str = "jsonl",
+            agent: AgentSpec | None = None) -> Iterator[dict[str, Any]]:
     """The export lines of ``runs`` in ``format`` (``jsonl``, ``openai`` or ``atif``).
 
     Raises:
