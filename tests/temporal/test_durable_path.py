@@ -170,8 +170,13 @@ async def test_batch_is_searchable_by_job_id_with_status(client, task_queue) -> 
             break
         await asyncio.sleep(0.1)
     assert sorted(seen.values()) == ["Rollout", "Rollout", "TasksetRun"]
-    parents = [wf async for wf in client.list_workflows(
-        f'RolloutsJobName = "searchable" AND RolloutsStatus = "completed" AND RolloutsJobId = "{job.id}"')]
+    parents: list = []
+    for _ in range(50):  # the final status upsert is eventually visible too
+        parents = [wf async for wf in client.list_workflows(
+            f'RolloutsJobName = "searchable" AND RolloutsStatus = "completed" AND RolloutsJobId = "{job.id}"')]
+        if parents:
+            break
+        await asyncio.sleep(0.1)
     assert [wf.id for wf in parents] == [workflow_id(job.id)]
 
 
