@@ -25,11 +25,14 @@ __all__ = [
     "VerifierSession",
     "VerifyInput",
     "AgentSpec",
+    "ERROR_STATUSES",
+    "RETRYABLE_STATUSES",
     "Endpoint",
     "Grade",
     "Limits",
     "ProviderSpec",
     "Resources",
+    "RetryAttempt",
     "RolloutResult",
     "RolloutStatus",
     "RuntimeConfig",
@@ -284,10 +287,29 @@ class AgentResult(_Model):
 
 
 RolloutStatus = Literal["succeeded", "errored", "failed", "cancelled", "timeout"]
+RETRYABLE_STATUSES = frozenset({"errored", "timeout"})
+"""Statuses a batch re-runs fresh when its ``retries`` allow."""
+ERROR_STATUSES = frozenset({"errored", "timeout", "failed"})
+"""A rollout in one of these, once retries are spent, is an unrecovered error (``on_error``)."""
+
+
+class RetryAttempt(_Model):
+    """One earlier run of a rollout that a batch re-ran fresh (``Taskset.run(retries=N)``)."""
+
+    workflow_id: str  # the Rollout child that ran it (``<rollout_id>`` or ``<rollout_id>-r<n>``)
+    status: RolloutStatus
+    reward: float | None = None
+    error: str | None = None
+    error_phase: str | None = None
 
 
 class RolloutResult(_Model):
-    """Compact per-rollout outcome, small enough to keep many in a workflow."""
+    """Compact per-rollout outcome, small enough to keep many in a workflow.
+
+    ``reward`` is the grade's reward when there is a valid grade, whatever the status; only a
+    ``succeeded`` rollout's reward counts (``Run.reward``). ``retries`` counts fresh re-runs by the
+    batch (``retry_history`` has the earlier ones, oldest first).
+    """
 
     rollout_id: str
     slug: str
@@ -303,6 +325,8 @@ class RolloutResult(_Model):
     trace_ref: TraceRef | None = None
     started_at: float | None = None
     ended_at: float | None = None
+    retries: int = 0
+    retry_history: list[RetryAttempt] = Field(default_factory=list)
 
 
 # ---------------------------------------------------------------------------------------------

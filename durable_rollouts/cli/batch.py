@@ -30,7 +30,16 @@ from .progress import follow
 from durable_rollouts.temporal.resume import plan_resume, start_resume
 from durable_rollouts.temporal.select import parse_only
 
-__all__ = ["RunOptions", "finish", "job_json", "resume_job", "run_batch", "ui_base", "write_export"]
+__all__ = [
+    "RunOptions",
+    "finish",
+    "job_json",
+    "policy_notes",
+    "resume_job",
+    "run_batch",
+    "ui_base",
+    "write_export",
+]
 
 
 @dataclass
@@ -50,6 +59,9 @@ class RunOptions:
     worker: bool | None = None
     task_queue: str | None = None
     connect_timeout: float = 5.0
+    retries: int = 0
+    on_error: str = "keep"
+    export_format: str = "jsonl"
 
 
 def ui_base(address: str | None) -> str | None:
@@ -92,15 +104,23 @@ def _announce(err: Console, view_id: str, what: str, ui: str | None) -> None:
 
 
 async def finish(
-    client: Any, job_id: str, out: Console, *, as_json: bool, output: str | None, ui: str | None
+    client: Any,
+    job_id: str,
+    out: Console,
+    *,
+    as_json: bool,
+    output: str | None,
+    ui: str | None,
+    export_format: str = "jsonl",
 ) -> int:
-    """Summarize the whole job (and export it with ``output``); 0 if every rollout succeeded."""
+    """Summarize the whole job (and export it with ``output``); 0 if every rollout succeeded
+    (so also 1 when ``on_error=fail`` stopped a batch)."""
     if output == "-" and as_json:
         raise ConfigError("-o - and --json both write to stdout: pick one")
     view = await load_job(client, job_id, traces=output is not None)
     runs = view.runs
     if output is not None:
-        write_export(view, output)
+        write_export(view, output, export_format)
         if output == "-":
             out = Console(
                 stderr=True, markup=False, highlight=False, width=out.width
@@ -111,6 +131,7 @@ async def finish(
     else:
         out.print(render.summary_table(render.task_summary(runs)))
         out.print(render.totals_line(runs), highlight=False)
+        policy_notes(view, out)
         if failed:
             out.print(
                 f"re-run the {len(failed)} unsuccessful rollout(s) with: rollouts resume {job_id}",
@@ -124,9 +145,15 @@ async def finish(
     return 1 if failed else 0
 
 
+def policy_notes(view: JobView, out: Console) -> None:
+    """Print which groups ``drop_group`` left out and which rollout made ``fail`` stop a batch."""
+    batches = [(b.workflow_id, b.input.on_error, b.runs) for b in view.batches]
+    for line in render.policy_lines(view.runs, batches):
+        out.print(line, highlight=False)
+
+
 def job_json(view: JobView, ui: str | None) -> dict[str, Any]:
     runs = view.runs
-    rewards = [r.reward for r in runs if r.reward is not None]
     first = view.batches[0].input
     return {
         "job_id": view.job_id,
@@ -147,7 +174,10 @@ def job_json(view: JobView, ui: str | None) -> dict[str, Any]:
         ],
         "ui": render.ui_link(ui, view.job_id),
         "counts": render.status_counts(runs),
-        "reward": sum(rewards) / len(rewards) if rewards else None,
+        "reward": render.mean_reward(runs),
+        "retries": first.retries,
+        "on_error": first.on_error,
+        "dropped_groups": render.dropped_groups(runs),
         "tasks": render.task_summary(runs),
         "rollouts": [
             {
@@ -157,7 +187,10 @@ def job_json(view: JobView, ui: str | None) -> dict[str, Any]:
                 "group_index": r.group_index,
                 "status": r.status,
                 "reward": r.reward,
+                "grade_reward": r.grade_reward,
+                "dropped": r.dropped,
                 "attempts": r.attempts,
+                "retries": r.retries,
                 "error_phase": r.error_phase,
                 "error": r.error,
             }
@@ -166,8 +199,15 @@ def job_json(view: JobView, ui: str | None) -> dict[str, Any]:
     }
 
 
-def write_export(view: JobView, output: str) -> int:
-    lines = [json.dumps(render.export_record(run), default=str) + "\n" for run in view.runs]
+def write_export(view: JobView, output: str, export_format: str = "jsonl") -> int:
+    """Write the job's runs as ``export_format`` lines to ``output`` ('-' = stdout)."""
+    from ..sdk.export_formats import records
+
+    agent = view.batches[0].input.agent
+    lines = [
+        json.dumps(rec, default=str, ensure_ascii=False) + "\n"
+        for rec in records(view.runs, export_format, agent)
+    ]
     if output == "-":
         sys.stdout.write("".join(lines))
     else:
@@ -179,8 +219,9 @@ def write_export(view: JobView, output: str) -> int:
 
 
 async def run_batch(opts: RunOptions, out: Console, err: Console) -> int:
+    from ..sdk.export_formats import FORMATS
     from ..sdk.job import Job
-    from durable_rollouts.temporal.batches import QUEUE_ENV, start_job
+    from durable_rollouts.temporal.batches import QUEUE_ENV, check_policy, start_job
     from durable_rollouts.temporal.connection import resolve_address
     from ..sdk.validation import validate_batch
     from .specs import check_sources, load_agent_spec, load_tasks, parse_runtime
@@ -193,6 +234,9 @@ async def run_batch(opts: RunOptions, out: Console, err: Console) -> int:
         )
     if opts.output is not None and opts.output != "-" and not Path(opts.output).parent.exists():
         raise ConfigError(f"-o {opts.output}: folder {Path(opts.output).parent} does not exist")
+    if opts.export_format not in FORMATS:
+        raise ConfigError(f"--format {opts.export_format!r}: use one of {', '.join(FORMATS)}")
+    on_error = check_policy(opts.retries, opts.on_error)
     taskset = load_tasks(opts.tasks, opts.name)
     agent = load_agent_spec(opts.agent, opts.agent_config)
     runtime = parse_runtime(opts.runtime)
@@ -230,6 +274,8 @@ async def run_batch(opts: RunOptions, out: Console, err: Console) -> int:
         name=opts.name,
         worker=in_process,
         task_queue=queue,
+        retries=opts.retries,
+        on_error=on_error,
     )
     ui = ui_base(opts.temporal)
     total = len(taskset) * opts.group
@@ -248,7 +294,15 @@ async def run_batch(opts: RunOptions, out: Console, err: Console) -> int:
         await follow(handle.handle, err, total=total, label="rollouts")
     finally:
         await handle.release()
-    return await finish(client, job.id, out, as_json=opts.as_json, output=opts.output, ui=ui)
+    return await finish(
+        client,
+        job.id,
+        out,
+        as_json=opts.as_json,
+        output=opts.output,
+        ui=ui,
+        export_format=opts.export_format,
+    )
 
 
 def _detached(
@@ -302,11 +356,19 @@ async def resume_job(
     output: str | None = None,
     worker: bool | None = None,
     connect_timeout: float = 5.0,
+    retries: int | None = None,
+    on_error: str | None = None,
 ) -> int:
+    from durable_rollouts.temporal.batches import check_policy
     from durable_rollouts.temporal.connection import resolve_address
     from .specs import add_cwd_to_path
 
     selectors = parse_only(only)
+    # overrides of each batch's own policy (None keeps it)
+    if on_error is not None:
+        on_error = check_policy(0, on_error)
+    if retries is not None:
+        check_policy(retries, "keep")
     client = await connect(temporal, connect_timeout)
     view = await load_job(client, job_id)
     plans = plan_resume(view, selectors)
@@ -325,7 +387,10 @@ async def resume_job(
     async with contextlib.AsyncExitStack() as stack:
         for queue in sorted(queues):
             await stack.enter_async_context(_in_process_worker(client, queue, in_process))
-        handles = [await start_resume(client, view.job_id, plan) for plan in plans]
+        handles = [
+            await start_resume(client, view.job_id, plan, retries=retries, on_error=on_error)
+            for plan in plans
+        ]
         if detach:
             return _detached(
                 view.job_id, handles[0].id, client, min(queues), embedded, ui, out, err, as_json

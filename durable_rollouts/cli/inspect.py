@@ -105,6 +105,10 @@ def cancel(
   rollouts export 3f2a9c... -o runs.jsonl
 
   rollouts export 3f2a9c... -o - | head -1 | jq .reward
+
+  rollouts export 3f2a9c... -o sft.jsonl --format openai
+
+  rollouts export 3f2a9c... -o trajectories.jsonl --format atif
 """
 )
 def export(
@@ -112,13 +116,19 @@ def export(
     output: Annotated[
         str, typer.Option("-o", "--output", help="JSONL file to write ('-' = stdout)")
     ],
+    export_format: Annotated[
+        str, typer.Option("--format", help="jsonl (default), openai or atif")
+    ] = "jsonl",
     temporal: TemporalOption = None,
     connect_timeout: ConnectTimeoutOption = 5.0,
 ) -> None:
-    """Write a job's runs as JSONL: one line per rollout (latest result of each rollout id).
+    """Write a job's runs, one line per rollout (latest result of each rollout id).
 
-    Fields: job_id, rollout_id, slug, task_id, env, args, group_id, group_index, status, reward,
-    grade, attempts, error, error_phase, prompt, answer, trace.
+    jsonl fields: job_id, rollout_id, slug, group_id, group_index, status, reward, dropped,
+    task_id, env, args, grade, attempts, retries, retry_history, error, error_phase, prompt,
+    answer, trace. openai: chat fine-tuning lines (messages, tools) plus reward, group_id,
+    status. atif: one ATIF-v1.4 trajectory per line. reward is null unless the rollout
+    succeeded (its best-effort grade stays under grade).
     """
     from durable_rollouts.cli.views import export as export_job
 
@@ -129,6 +139,7 @@ def export(
             output,
             temporal=temporal,
             connect_timeout=connect_timeout,
+            export_format=export_format,
         )
     )
 

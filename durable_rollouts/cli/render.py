@@ -2,6 +2,8 @@
 
 Pure functions over ``Run`` objects (and the small views of ``temporal.jobs``): numbers are
 computed in plain dicts (what ``--json`` prints) and turned into rich tables separately. No I/O.
+Rewards follow ``Run.reward``: only succeeded runs have one, and dropped groups' runs are left
+out of every mean and spread (they still count as runs and failures).
 """
 
 from __future__ import annotations
@@ -16,9 +18,14 @@ from urllib.parse import quote
 from rich.table import Table
 from rich.text import Text
 
+from ..sdk.export_formats import jsonl_record
+
 __all__ = [
+    "dropped_groups",
     "export_record",
     "jobs_table",
+    "mean_reward",
+    "policy_lines",
     "rollout_table",
     "status_counts",
     "summary_table",
@@ -71,10 +78,10 @@ def task_summary(runs: Iterable[Any]) -> list[dict[str, Any]]:
         by_slug.setdefault(run.slug, []).append(run)
     rows = []
     for slug, task_runs in by_slug.items():
-        rewards = [r.reward for r in task_runs if r.reward is not None]
+        rewards = [r.reward for r in task_runs if _counted(r)]
         groups: dict[str, list[float]] = {}
         for r in task_runs:
-            if r.reward is not None:
+            if _counted(r):
                 groups.setdefault(r.group_id, []).append(r.reward)
         spreads = [s for s in (_std(v) for v in groups.values()) if s is not None]
         zero = [gid for gid, v in groups.items() if len(v) >= 2 and _std(v) == 0.0]
@@ -86,11 +93,47 @@ def task_summary(runs: Iterable[Any]) -> list[dict[str, Any]]:
                 "mean_reward": sum(rewards) / len(rewards) if rewards else None,
                 "spread": max(spreads) if spreads else None,
                 "failures": sum(1 for r in task_runs if r.status not in _NOT_FAILED),
+                "errored": sum(1 for r in task_runs if r.status == "errored"),
+                "dropped": sum(1 for r in task_runs if getattr(r, "dropped", False)),
                 "zero_spread": bool(zero),
                 "zero_spread_groups": zero,
             }
         )
     return rows
+
+
+def _counted(run: Any) -> bool:
+    return run.reward is not None and not getattr(run, "dropped", False)
+
+
+def mean_reward(runs: Iterable[Any]) -> float | None:
+    """Mean over the runs whose reward counts (succeeded, not dropped); None if there are none."""
+    rewards = [r.reward for r in runs if _counted(r)]
+    return sum(rewards) / len(rewards) if rewards else None
+
+
+def dropped_groups(runs: Iterable[Any]) -> list[str]:
+    """Group ids dropped by ``on_error=drop_group``, in order."""
+    return list(dict.fromkeys(r.group_id for r in runs if getattr(r, "dropped", False)))
+
+
+_FAIL_MARK = "on_error=fail stopped the batch after "
+
+
+def policy_lines(runs: list[Any], batches: list[tuple[str, str, list[Any]]]) -> list[str]:
+    """Notes on the batch policies: the dropped groups, and for each ``(workflow id, on_error,
+    runs)`` batch stopped by ``on_error=fail`` the rollout that stopped it."""
+    lines = []
+    dropped = dropped_groups(runs)
+    if dropped:
+        lines.append(f"{len(dropped)} dropped group(s) (on_error=drop_group; exported with "
+                     f"dropped: true, left out of the stats): {', '.join(dropped)}")
+    for wf_id, on_error, batch_runs in batches:
+        marks = [r.error for r in batch_runs if on_error == "fail" and r.error and _FAIL_MARK in r.error]
+        if marks:
+            culprit = marks[0].split(_FAIL_MARK, 1)[1].removesuffix(" failed")
+            lines.append(f"batch {wf_id} stopped by on_error=fail after {culprit} failed")
+    return lines
 
 
 def summary_table(rows: list[dict[str, Any]], title: str | None = None) -> Table:
@@ -119,11 +162,15 @@ def summary_table(rows: list[dict[str, Any]], title: str | None = None) -> Table
 
 
 def totals_line(runs: list[Any]) -> str:
+    """Counts per status (errored ones on their own), the dropped ones, and the mean reward over
+    succeeded, kept runs only."""
     counts = status_counts(runs)
-    rewards = [r.reward for r in runs if r.reward is not None]
-    mean = _fmt(sum(rewards) / len(rewards)) if rewards else "-"
+    mean = _fmt(mean_reward(runs))
     parts = ", ".join(f"{n} {status}" for status, n in counts.items())
-    return f"{len(runs)} rollouts: {parts or 'none'}; mean reward {mean}"
+    dropped = sum(1 for r in runs if getattr(r, "dropped", False))
+    note = f" ({dropped} in dropped groups)" if dropped else ""
+    return (f"{len(runs)} rollouts: {parts or 'none'}{note}; "
+            f"mean reward {mean} (succeeded rollouts only)")
 
 
 def _short(text: str | None, width: int = 70) -> str:
@@ -160,12 +207,15 @@ def rollout_table(runs: list[Any], zero_spread_groups: set[str] | None = None) -
         table.add_column(name, justify=justify)  # type: ignore[arg-type]
     for i, run in enumerate(runs):
         label = f"{run.slug} #{run.group_index}" + (" *" if run.group_id in zero else "")
+        if getattr(run, "dropped", False):
+            label += " (dropped)"
+        retries = getattr(run, "retries", 0)
         table.add_row(
             str(i),
             label,
             Text(run.status, style=_STATUS_STYLE.get(run.status, "")),
             _fmt(run.reward),
-            str(run.attempts),
+            str(run.attempts) + (f" +{retries} retries" if retries else ""),
             run.error_phase or "",
             _short(run.error),
         )
@@ -199,27 +249,8 @@ def jobs_table(jobs: list[Any]) -> Table:
 
 
 def export_record(run: Any) -> dict[str, Any]:
-    """One JSONL line of ``rollouts export``: ids, task, reward, grade, trace, attempts, status, error."""
-    task = run.task
-    return {
-        "job_id": run.job_id,
-        "rollout_id": run.rollout_id,
-        "slug": run.slug,
-        "task_id": task.id if task is not None else None,
-        "env": task.env if task is not None else None,
-        "args": task.args if task is not None else None,
-        "group_id": run.group_id,
-        "group_index": run.group_index,
-        "status": run.status,
-        "reward": run.reward,
-        "grade": run.grade.model_dump(mode="json") if run.grade is not None else None,
-        "attempts": run.attempts,
-        "error": run.error,
-        "error_phase": run.error_phase,
-        "prompt": run.prompt,
-        "answer": run.trace.content,
-        "trace": run.trace.model_dump(mode="json"),
-    }
+    """One JSONL line of ``rollouts export`` (``sdk.export_formats.jsonl_record``)."""
+    return jsonl_record(run)
 
 
 def _text(value: Any) -> str:
@@ -248,7 +279,8 @@ def trace_text(run: Any) -> str:
     lines = [
         f"rollout {run.rollout_id}",
         f"task    {run.slug}" + (f"  args {_text(run.task.args)}" if run.task else ""),
-        f"status  {run.status}  reward {_fmt(run.reward)}  attempts {run.attempts}",
+        f"status  {run.status}  reward {_fmt(run.reward)}  attempts {run.attempts}"
+        + ("  (dropped group)" if getattr(run, "dropped", False) else ""),
     ]
     if run.error:
         lines.append(f"error   [{run.error_phase or '-'}] {run.error}")

@@ -22,6 +22,19 @@ __all__ = ["app"]
 
 app = typer.Typer()  # merged into the ``rollouts`` app (cli/__init__.py)
 
+RetriesOption = Annotated[
+    int,
+    typer.Option(
+        "--retries", min=0, max=20, help="fresh re-runs of an errored or timed-out rollout"
+    ),
+]
+OnErrorOption = Annotated[
+    str,
+    typer.Option(
+        "--on-error", help="keep | drop-group | fail: what an error left after retries means"
+    ),
+]
+
 _RUN_HELP = """Run every task of TASKS (a .py, .json or .jsonl file) GROUP times with an agent, durably.
 
 Starts one Temporal batch (on the embedded dev server with a worker in this process, unless --temporal or $ROLLOUTS_TEMPORAL_ADDRESS is set), prints its Web UI link, shows live progress and ends with a per-task summary. Exit code: 0 every rollout succeeded, 1 some did not (re-run them with `rollouts resume JOB`), 2 bad input.
@@ -29,6 +42,8 @@ Starts one Temporal batch (on the embedded dev server with a worker in this proc
 --agent: a built-in (fixed, table, sleep, fail), module:Class or file.py:Class, configured with --agent-config JSON.
 
 --runtime: local[:ENV.py] (served in the worker process), subprocess[:ENV.py], docker:IMAGE, ssh://USER@HOST[:PORT]/WORKDIR[?key=PATH], tcp://HOST:PORT (a running env server).
+
+--retries N re-runs an errored or timed-out rollout fresh (new substrate, same group); --on-error then decides about an error left: keep (default), drop-group (the group is exported with dropped: true and left out of the stats) or fail (cancel the rest of the job; teardown still runs; exit 1). Only succeeded rollouts carry a reward.
 
 --detach with the embedded server starts a background `rollouts worker --until-job JOB` that exits when the job has closed; against --temporal it relies on running workers.
 """
@@ -85,6 +100,11 @@ def run(
         ),
     ] = None,
     connect_timeout: ConnectTimeoutOption = 5.0,
+    retries: RetriesOption = 0,
+    on_error: OnErrorOption = "keep",
+    export_format: Annotated[
+        str, typer.Option("--format", help="-o format: jsonl, openai or atif")
+    ] = "jsonl",
 ) -> None:
     from durable_rollouts.cli.batch import RunOptions, run_batch
 
@@ -104,6 +124,9 @@ def run(
         worker=worker,
         task_queue=task_queue,
         connect_timeout=connect_timeout,
+        retries=retries,
+        on_error=on_error,
+        export_format=export_format,
     )
     drive(lambda out, err: run_batch(opts, out, err))
 
@@ -140,6 +163,14 @@ def resume(
     ] = None,
     worker: WorkerOption = None,
     connect_timeout: ConnectTimeoutOption = 5.0,
+    retries: Annotated[
+        int | None,
+        typer.Option("--retries", min=0, max=20, help="override the batches' --retries"),
+    ] = None,
+    on_error: Annotated[
+        str | None,
+        typer.Option("--on-error", help="override the batches' --on-error"),
+    ] = None,
 ) -> None:
     """Re-run only the selected rollouts of a finished job; every other result is kept.
 
@@ -161,5 +192,7 @@ def resume(
             output=output,
             worker=worker,
             connect_timeout=connect_timeout,
+            retries=retries,
+            on_error=on_error,
         )
     )

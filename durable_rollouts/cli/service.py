@@ -26,7 +26,14 @@ from rich.console import Console
 
 from ..sdk.paths import rollouts_home
 
-__all__ = ["collect_garbage", "run_server", "run_worker", "spawn_worker"]
+__all__ = [
+    "collect_garbage",
+    "run_server",
+    "run_worker",
+    "server_status",
+    "server_stop",
+    "spawn_worker",
+]
 
 
 def _running_server() -> dict[str, Any] | None:
@@ -41,6 +48,57 @@ def _running_server() -> dict[str, Any] | None:
         if sock.connect_ex(("127.0.0.1", int(state["port"]))) != 0:
             return None
     return state
+
+
+def _server_info(state: dict[str, Any]) -> dict[str, Any]:
+    ui = f"http://127.0.0.1:{state['ui_port']}" if state.get("ui_port") else None
+    return {
+        "running": True,
+        "pid": int(state["pid"]),
+        "address": f"127.0.0.1:{state['port']}",
+        "ui": ui,
+        "db_file": state.get("db_file"),
+        "home": str(rollouts_home()),
+    }
+
+
+async def server_status(out: Console, *, as_json: bool = False) -> int:
+    """``rollouts server status``: the embedded server's addresses, pid, db file; 1 if none runs."""
+    state = _running_server()
+    if state is None:
+        if as_json:
+            out.print_json(json.dumps({"running": False, "home": str(rollouts_home())}))
+        else:
+            out.print(
+                f"no embedded Temporal server is running (ROLLOUTS_HOME {rollouts_home()})",
+                highlight=False,
+            )
+        return 1
+    info = _server_info(state)
+    if as_json:
+        out.print_json(json.dumps(info))
+        return 0
+    out.print(f"running   pid {info['pid']}", highlight=False)
+    out.print(f"gRPC      {info['address']}", highlight=False)
+    out.print(f"Web UI    {info['ui'] or 'none (headless)'}", highlight=False, soft_wrap=True)
+    out.print(f"database  {info['db_file']}", highlight=False, soft_wrap=True)
+    out.print("stop it with: rollouts server stop", highlight=False)
+    return 0
+
+
+async def server_stop(out: Console) -> int:
+    """``rollouts server stop``: stop the embedded server (SIGTERM, then SIGKILL); 0 either way."""
+    from ..temporal.connection import stop_dev_server
+
+    state = _running_server()
+    stopped = await asyncio.to_thread(stop_dev_server)
+    if stopped and state is not None:
+        out.print(f"stopped the embedded Temporal server (pid {state['pid']})", highlight=False)
+    elif stopped:
+        out.print("stopped the embedded Temporal server", highlight=False)
+    else:
+        out.print("no embedded Temporal server was running", highlight=False)
+    return 0
 
 
 def _stop_event() -> asyncio.Event:

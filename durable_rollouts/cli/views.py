@@ -12,7 +12,7 @@ from rich.console import Console
 
 from ..errors import ConfigError
 from durable_rollouts.cli import render
-from .batch import job_json, ui_base, write_export
+from .batch import job_json, policy_notes, ui_base, write_export
 from durable_rollouts.temporal.control import cancel_job, list_jobs
 from durable_rollouts.temporal.jobs import connect, load_job
 
@@ -83,6 +83,7 @@ async def show(
             highlight=False,
         )
     out.print(render.totals_line(runs), highlight=False)
+    policy_notes(view, out)
     return 0
 
 
@@ -110,11 +111,21 @@ async def cancel(
 
 
 async def export(
-    out: Console, job_id: str, output: str, *, temporal: str | None, connect_timeout: float
+    out: Console,
+    job_id: str,
+    output: str,
+    *,
+    temporal: str | None,
+    connect_timeout: float,
+    export_format: str = "jsonl",
 ) -> int:
+    from ..sdk.export_formats import FORMATS
+
+    if export_format not in FORMATS:
+        raise ConfigError(f"--format {export_format!r}: use one of {', '.join(FORMATS)}")
     client = await connect(temporal, connect_timeout)
     view = await load_job(client, job_id, traces=True)
-    count = write_export(view, output)
+    count = write_export(view, output, export_format)
     if output != "-":
         out.print(f"wrote {count} runs of job {view.job_id} to {output}", highlight=False)
     return 0

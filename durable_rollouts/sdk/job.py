@@ -1,13 +1,14 @@
 """``Job``: a batch of graded runs with rewards, errors and per-group statistics.
 
-A plain object (no I/O of its own except ``from_results`` reading traces and ``to_jsonl``).
+A plain object (no I/O of its own except ``from_results`` reading traces and ``export``).
+Rewards mean what a trainer thinks: only a ``succeeded`` run has a ``reward``; runs of a group
+dropped by ``on_error="drop_group"`` (``mark_dropped``) are left out of every statistic.
 ``Job.start`` opens a job that several ``Taskset.run(..., job=job)`` calls append to, as a
 training loop does. Imports models, run and tracestore only.
 """
 
 from __future__ import annotations
 
-import json
 import math
 import time
 import uuid
@@ -15,11 +16,24 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..models import RolloutResult
+from ..models import ERROR_STATUSES, AgentSpec, RolloutResult
+from .export_formats import write_lines
 from .run import Run
 from .tracestore import TraceStore
 
-__all__ = ["GroupStats", "Job"]
+__all__ = ["GroupStats", "Job", "mark_dropped"]
+
+
+def mark_dropped(runs: Iterable[Run], on_error: str) -> list[str]:
+    """With ``on_error="drop_group"``, set ``dropped`` on every run of a group that has an
+    unrecovered error; returns the dropped group ids (in order). Other policies drop nothing."""
+    runs = list(runs)
+    if on_error != "drop_group":
+        return []
+    bad = list(dict.fromkeys(r.group_id for r in runs if r.status in ERROR_STATUSES))
+    for run in runs:
+        run.dropped = run.group_id in bad
+    return bad
 
 
 @dataclass(frozen=True)
@@ -58,6 +72,7 @@ class Job:
         self.runs: list[Run] = list(runs or [])
         self.created_at = time.time()
         self.batches = 0  # how many runs were appended to this job (an open job grows)
+        self.agent: AgentSpec | None = None  # the agent of its batches (named in ATIF exports)
 
     def __repr__(self) -> str:
         return f"Job(id={self.id!r}, name={self.name!r}, runs={len(self.runs)}, reward={self.reward})"
@@ -95,18 +110,23 @@ class Job:
 
     @property
     def graded(self) -> list[Run]:
-        """Runs with a valid grade."""
-        return [r for r in self.runs if r.reward is not None]
+        """Runs whose reward counts: succeeded with a valid grade, and not dropped."""
+        return [r for r in self.runs if r.counted]
 
     @property
     def errors(self) -> list[Run]:
-        """Runs without a valid grade (failed, errored grade, cancelled)."""
+        """Runs without a reward (failed, errored, timed out, cancelled, or an invalid grade)."""
         return [r for r in self.runs if r.reward is None]
 
     @property
+    def dropped_groups(self) -> list[str]:
+        """Group ids left out by ``on_error="drop_group"``."""
+        return list(dict.fromkeys(r.group_id for r in self.runs if r.dropped))
+
+    @property
     def reward(self) -> float | None:
-        """Mean reward over runs with a valid grade (None when there are none)."""
-        rewards = [r.reward for r in self.runs if r.reward is not None]
+        """Mean reward over the counted runs (``graded``); errored runs never enter it."""
+        rewards = [r.reward for r in self.graded if r.reward is not None]
         return sum(rewards) / len(rewards) if rewards else None
 
     @property
@@ -129,7 +149,7 @@ class Job:
         """Mean and (population) standard deviation of rewards per group."""
         out = {}
         for gid, runs in self.groups.items():
-            rewards = [r.reward for r in runs if r.reward is not None]
+            rewards = [r.reward for r in runs if r.counted and r.reward is not None]
             mean = sum(rewards) / len(rewards) if rewards else None
             std = (math.sqrt(sum((x - mean) ** 2 for x in rewards) / len(rewards))
                    if rewards and mean is not None else None)
@@ -150,10 +170,14 @@ class Job:
 
     # -- output ---------------------------------------------------------------------------
 
-    def to_jsonl(self, path: str | Path) -> Path:
-        """Write one JSON record per run (result, task, prompt, trace)."""
+    def export(self, path: str | Path, format: str = "jsonl") -> Path:
+        """Write one line per run in ``format``: ``jsonl`` (our record), ``openai`` (chat
+        fine-tuning lines) or ``atif`` (one ATIF trajectory per line); see ``export_formats``."""
         path = Path(path)
         with path.open("w") as fh:
-            for run in self.runs:
-                fh.write(json.dumps(run.to_dict(), default=str) + "\n")
+            write_lines(self.runs, fh, format, self.agent)
         return path
+
+    def to_jsonl(self, path: str | Path) -> Path:
+        """Write one JSON record per run (``export(path, "jsonl")``)."""
+        return self.export(path, "jsonl")

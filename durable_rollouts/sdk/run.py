@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ..errors import InvalidStateError
-from ..models import Grade, RolloutResult, Task, Trace, TraceRef
+from ..models import Grade, RetryAttempt, RolloutResult, Task, Trace, TraceRef
 
 if TYPE_CHECKING:
     from .client import EnvClient
@@ -32,6 +32,9 @@ class Run:
         trace: what the agent did; the final answer goes in ``trace.content``.
         status: ``succeeded``, ``errored``, ``failed``, ``cancelled`` or ``timeout``.
         error_phase: where a failure happened (``provisioning``, ``agent loop``, ...).
+        retries: fresh re-runs the batch gave it (``retry_history``: the earlier outcomes).
+        dropped: its group had an unrecovered error under ``on_error="drop_group"``: it is
+            exported with ``dropped: true`` and left out of every statistic.
     """
 
     task: Task | None = None
@@ -51,6 +54,9 @@ class Run:
     error: str | None = None
     error_phase: str | None = None
     trace_ref: TraceRef | None = None
+    retries: int = 0
+    retry_history: list[RetryAttempt] = field(default_factory=list)
+    dropped: bool = False
     _opened: dict[str, Any] = field(default_factory=dict, repr=False)
 
     async def open(self, name: str) -> Any:
@@ -80,10 +86,23 @@ class Run:
 
     @property
     def reward(self) -> float | None:
-        """The graded reward, or None when the run has no valid grade."""
+        """The reward a trainer may use: the grade of a ``succeeded`` run, else None.
+
+        Another status's best-effort grade stays in ``grade`` (see ``grade_reward``).
+        """
+        return self.grade_reward if self.status == "succeeded" else None
+
+    @property
+    def grade_reward(self) -> float | None:
+        """The grade's reward whatever the status (None without a valid grade): for debugging."""
         if self.grade is None or self.grade.is_error:
             return None
         return self.grade.reward
+
+    @property
+    def counted(self) -> bool:
+        """True when the run's reward enters statistics: it succeeded and was not dropped."""
+        return self.reward is not None and not self.dropped
 
     @property
     def prompt_text(self) -> str:
@@ -121,7 +140,8 @@ class Run:
             group_id=result.group_id, rollout_id=result.rollout_id, slug=result.slug,
             group_index=result.group_index, row_index=result.row_index, grade=result.grade,
             attempts=result.attempts, status=result.status, error=result.error,
-            error_phase=result.error_phase, trace_ref=result.trace_ref,
+            error_phase=result.error_phase, trace_ref=result.trace_ref, retries=result.retries,
+            retry_history=list(result.retry_history),
         )
 
     def to_result(self) -> RolloutResult:
@@ -131,13 +151,16 @@ class Run:
         return RolloutResult(
             rollout_id=self.rollout_id, slug=self.slug, group_id=self.group_id,
             group_index=self.group_index, row_index=self.row_index, status=status,  # type: ignore[arg-type]
-            reward=self.reward, grade=self.grade, attempts=self.attempts, error=self.error,
-            error_phase=self.error_phase, trace_ref=self.trace_ref,
+            reward=self.grade_reward, grade=self.grade, attempts=self.attempts, error=self.error,
+            error_phase=self.error_phase, trace_ref=self.trace_ref, retries=self.retries,
+            retry_history=list(self.retry_history),
         )
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready record (for ``export``): result fields plus task and trace."""
         out = self.to_result().model_dump(mode="json")
+        out["reward"] = self.reward  # null unless succeeded; the grade stays under "grade"
+        out["dropped"] = self.dropped
         out["job_id"] = self.job_id
         out["task"] = self.task.model_dump(mode="json") if self.task is not None else None
         out["prompt"] = self.prompt

@@ -168,10 +168,15 @@ class Taskset:
 
     async def run(self, agent: Agent, *, runtime: Any, group: int | None = None, max_concurrent: int = 16,
                   job: Job | None = None, rollout_timeout: float | None = None,
-                  temporal: Any = None, **kwargs: Any) -> Job:
+                  temporal: Any = None, retries: int = 0, on_error: str = "keep",
+                  **kwargs: Any) -> Job:
         """Run every row ``group`` times with ``agent`` on ``runtime``, durably, and return the Job.
 
         ``group`` defaults to ``job.group`` when appending to an open job (``Job.start``), else 1.
+        ``retries`` re-runs an errored or timed-out rollout fresh (new substrate, same group, the
+        attempts recorded); ``on_error`` then decides about an error that is left: ``"keep"``
+        (default), ``"drop_group"`` (the whole group gets ``dropped=True`` and leaves the stats)
+        or ``"fail"`` (cancel the rest of the batch; every substrate is still torn down).
         """
         # The durable executor is the Temporal layer: looked up by name when a batch runs, so
         # sdk/ never imports it (tests/test_layering.py) and plain imports never load Temporal.
@@ -179,7 +184,8 @@ class Taskset:
 
         return await run_taskset(  # type: ignore[no-any-return]
             self, agent, runtime=runtime, group=group, max_concurrent=max_concurrent,
-            job=job, rollout_timeout=rollout_timeout, temporal=temporal, **kwargs,
+            job=job, rollout_timeout=rollout_timeout, temporal=temporal, retries=retries,
+            on_error=on_error, **kwargs,
         )
 
 

@@ -33,7 +33,7 @@ from durable_rollouts.models import Task
 from durable_rollouts.release import MEMO_KEY, release_name
 from durable_rollouts.sdk import lifetime
 from durable_rollouts.sdk.agents import check_remote
-from durable_rollouts.sdk.job import Job
+from durable_rollouts.sdk.job import Job, mark_dropped
 from durable_rollouts.sdk.run import Run
 from durable_rollouts.sdk.tracestore import TraceStore
 from durable_rollouts.sdk.validation import validate_batch
@@ -49,12 +49,13 @@ from durable_rollouts.workflows import TasksetRun, workflow_id
 from durable_rollouts.workflows.types import (
     DEFAULT_TASK_QUEUE,
     MAX_CONCURRENT,
+    ON_ERROR_POLICIES,
     Progress,
     TasksetRunInput,
     TasksetRunResult,
 )
 
-__all__ = ["JobHandle", "get_job", "job_progress", "run_taskset", "shutdown_embedded", "start_job"]
+__all__ = ["JobHandle", "check_policy", "get_job", "job_progress", "run_taskset", "shutdown_embedded", "start_job"]
 
 QUEUE_ENV = "ROLLOUTS_TASK_QUEUE"
 INLINE_ROWS = 200  # above this many rows, the workflow input carries a storage reference instead
@@ -176,26 +177,47 @@ def runs_from_result(result: TasksetRunResult, job_id: str, rows: list[Task] | N
     """Runs of a finished batch, in expansion order, traces loaded from the store."""
     latest = dedupe_latest(load_results(result.result_refs, result.results))  # a re-run: latest wins
     store = store or TraceStore()
-    return [
+    runs = [
         run_from_result(r, rows[r.row_index] if rows is not None and r.row_index < len(rows) else None,
                         job_id, store)
         for r in sorted(latest.values(), key=lambda r: (r.row_index, r.group_index))
     ]
+    mark_dropped(runs, result.on_error)
+    return runs
+
+
+def check_policy(retries: int, on_error: str) -> str:
+    """Validate a batch policy; ``drop-group`` (the CLI spelling) means ``drop_group``.
+
+    Raises:
+        ConfigError: a negative/too large ``retries`` or an unknown ``on_error``.
+    """
+    policy = on_error.replace("-", "_")
+    if policy not in ON_ERROR_POLICIES:
+        raise ConfigError(f"on_error={on_error!r}: use keep, drop_group or fail")
+    if isinstance(retries, bool) or not isinstance(retries, int) or not 0 <= retries <= 20:
+        raise ConfigError(f"retries={retries!r}: use a whole number from 0 to 20")
+    return policy
 
 
 async def start_job(taskset: Any, agent: Any, *, runtime: Any, group: int | None = None, max_concurrent: int = 16,
                     job: Job | None = None, rollout_timeout: float | None = None, temporal: Any = None,
                     name: str | None = None, task_queue: str | None = None, worker: bool | None = None,
                     max_attempts: int = 3, trace_store: TraceStore | None = None,
-                    max_history_events: int | None = None) -> JobHandle:
+                    max_history_events: int | None = None, retries: int = 0,
+                    on_error: str = "keep") -> JobHandle:
     """Start one batch (a ``TasksetRun`` workflow) and return its handle without waiting.
 
     Args:
+        retries: fresh re-runs (new substrate, same group) of an errored or timed-out rollout.
+        on_error: what an error left after retries means: ``keep``, ``drop_group`` (the group is
+            exported with ``dropped: true`` and left out of stats) or ``fail`` (cancel the rest).
         worker: run an in-process worker (default: only with the embedded dev server).
         task_queue: the shared queue (default ``$ROLLOUTS_TASK_QUEUE`` or ``rollouts``).
     """
     rows = list(taskset)
     group = Job.batch_group(group, job)
+    on_error = check_policy(retries, on_error)
     validate_batch(rows, runtime=runtime, group=group, max_concurrent=max_concurrent,
                    rollout_timeout=rollout_timeout, agent_timeout=getattr(agent, "timeout_s", None))
     if not rows:
@@ -214,7 +236,8 @@ async def start_job(taskset: Any, agent: Any, *, runtime: Any, group: int | None
         handle = await _start(taskset, agent_spec, provider_spec, runtime, rows, client, queue, group=group,
                               max_concurrent=max_concurrent, job=job, rollout_timeout=rollout_timeout,
                               name=name, max_attempts=max_attempts, trace_store=trace_store,
-                              max_history_events=max_history_events)
+                              max_history_events=max_history_events, retries=retries,
+                              on_error=on_error)
     except BaseException:
         if lease is not None:
             await lease.release()
@@ -226,7 +249,8 @@ async def start_job(taskset: Any, agent: Any, *, runtime: Any, group: int | None
 async def _start(taskset: Any, agent_spec: Any, provider_spec: Any, runtime: Any, rows: list[Task],
                  client: Client, queue: str, *, group: int, max_concurrent: int, job: Job | None,
                  rollout_timeout: float | None, name: str | None, max_attempts: int,
-                 trace_store: TraceStore | None, max_history_events: int | None) -> JobHandle:
+                 trace_store: TraceStore | None, max_history_events: int | None, retries: int = 0,
+                 on_error: str = "keep") -> JobHandle:
     """Start the ``TasksetRun`` workflow of a validated batch."""
     from durable_rollouts.activities.taskset import register_taskset, taskset_class_path
 
@@ -237,6 +261,7 @@ async def _start(taskset: Any, agent_spec: Any, provider_spec: Any, runtime: Any
         job = Job(name=name, group=group, taskset=taskset.name)
     batch_index = job.batches
     job.batches += 1
+    job.agent = agent_spec
     register_taskset(taskset)
     rows_ref = None
     # keep the workflow input (and every continue-as-new carry) small: rows go by claim check
@@ -250,7 +275,7 @@ async def _start(taskset: Any, agent_spec: Any, provider_spec: Any, runtime: Any
         rows_ref=rows_ref, total_rows=len(rows), group=group,
         max_concurrent=min(max_concurrent, MAX_CONCURRENT), agent=agent_spec, provider=provider_spec,
         rollout_timeout_s=rollout_timeout, max_attempts=max_attempts, task_queue=queue,
-        search_attributes=attrs_ok,
+        search_attributes=attrs_ok, retries=retries, on_error=on_error,  # type: ignore[arg-type]
         local_steps=getattr(runtime, "locality", "global") in ("process", "host"),
         **({"max_history_events": max_history_events, "flush_results_over": 0}
            if max_history_events else {}),

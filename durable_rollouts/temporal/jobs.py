@@ -24,10 +24,10 @@ from temporalio.service import RPCError, RPCStatusCode
 
 from ..errors import ConfigError
 from ..models import RolloutResult, Task
-from ..sdk.job import Job
+from ..sdk.job import Job, mark_dropped
 from ..sdk.run import Run
 from ..sdk.tracestore import TraceStore
-from ..workflows import TasksetRun, group_id, rollout_id, workflow_id
+from ..workflows import TasksetRun, child_id, group_id, rollout_id, workflow_id
 from ..workflows.types import ResultsRef, RolloutInput, TasksetRunInput, TasksetRunResult
 
 __all__ = [
@@ -170,6 +170,7 @@ class JobView:
         job = Job(id=self.job_id, name=self.name, group=first.group, taskset=first.taskset_name)
         job.runs = self.runs
         job.batches = len(self.batches)
+        job.agent = first.agent
         return job
 
 
@@ -211,19 +212,25 @@ async def workflow_closed(client: Client, workflow_id: str) -> str | None:
 
 
 async def _child_result(
-    client: Client, rid: str, sem: asyncio.Semaphore
+    client: Client, rid: str, sem: asyncio.Semaphore, retries: int = 0
 ) -> RolloutResult | str | None:
-    """The latest result of rollout ``rid``: a RolloutResult, ``"running"``, or None (never started)."""
+    """The latest result of rollout ``rid``: a RolloutResult, ``"running"``, or None (never started).
+
+    With ``retries``, its children ``<rid>-r<n>`` (fresh re-runs) count too: the one started last wins.
+    """
     async with sem:
-        desc = await describe(client, rid)
-        if desc is None:
+        descs = [d for d in [await describe(client, child_id(rid, n)) for n in range(retries + 1)] if d]
+        if not descs:
             return None
+        desc = max(descs, key=lambda d: d.start_time.timestamp() if d.start_time else 0.0)
         if desc.status == WorkflowExecutionStatus.RUNNING:
             return "running"
         if desc.status == WorkflowExecutionStatus.COMPLETED:
-            return await client.get_workflow_handle(
-                rid, run_id=desc.run_id, result_type=RolloutResult
+            result = await client.get_workflow_handle(
+                desc.id, run_id=desc.run_id, result_type=RolloutResult
             ).result()
+            assert isinstance(result, RolloutResult)
+            return result.model_copy(update={"rollout_id": rid})
         return status_name(desc.status)
 
 
@@ -277,7 +284,9 @@ async def _latest_by_rollout(client: Client, job_id: str, desc: Any, inp: Taskse
             rollout_id(job_id, rows[row].slug, gi, inp.batch_index)
             for row, gi in _slots(rows, inp.group)
         ]
-        found = await asyncio.gather(*(_child_result(client, rid, sem) for rid in ids))
+        found = await asyncio.gather(
+            *(_child_result(client, rid, sem, inp.retries) for rid in ids)
+        )
         by_id = {
             rid: (value if value is not None else carried.get(rid))
             for rid, value in zip(ids, found)
@@ -324,6 +333,7 @@ def _runs(job_id: str, inp: TasksetRunInput, rows: list[Task], closed: bool,
     for value in by_id.values():  # results whose id matches no slot (should not happen): keep them
         if isinstance(value, RolloutResult):
             runs.append(run_from_result(value, None, job_id, store))
+    mark_dropped(runs, inp.on_error)
     return runs
 
 

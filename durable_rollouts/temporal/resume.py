@@ -97,8 +97,18 @@ def _carry(
     return [], [ResultStore().put(job_id, batch_index, chunk, kept)]
 
 
-async def start_resume(client: Client, job_id: str, plan: ResumePlan) -> Any:
-    """Start the new run of ``plan.batch`` and return its workflow handle."""
+async def start_resume(
+    client: Client,
+    job_id: str,
+    plan: ResumePlan,
+    *,
+    retries: int | None = None,
+    on_error: str | None = None,
+) -> Any:
+    """Start the new run of ``plan.batch`` and return its workflow handle.
+
+    The batch keeps its own ``retries``/``on_error`` policy unless they are given here.
+    """
     old = plan.batch.input
     progress = Progress(
         job_id=job_id, batch_index=old.batch_index, total=plan.total, started=len(plan.kept), runs=0
@@ -115,6 +125,8 @@ async def start_resume(client: Client, job_id: str, plan: ResumePlan) -> Any:
             "result_refs": refs,
             "resolved": await _resolved(client, job_id, plan),
             "progress": progress,
+            "retries": old.retries if retries is None else retries,
+            "on_error": old.on_error if on_error is None else on_error,
         }
     )
     attrs = plan.batch.search_attributes

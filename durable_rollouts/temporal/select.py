@@ -14,7 +14,7 @@ from ..errors import ConfigError
 __all__ = ["SELECTORS", "parse_only", "selected"]
 
 SELECTORS = ("failed", "errored", "cancelled", "timeout", "ungraded")
-"""``--only`` values: a rollout status, or ``ungraded`` (finished without a valid reward)."""
+"""``--only`` values: a rollout status, or ``ungraded`` (finished without a valid grade)."""
 
 
 def parse_only(values: Iterable[str] | None) -> frozenset[str] | None:
@@ -38,7 +38,7 @@ def _matches(run: Any, only: frozenset[str] | None) -> bool:
         return run.status != "succeeded"
     if run.status in only:
         return True
-    return "ungraded" in only and run.reward is None
+    return "ungraded" in only and run.grade_reward is None  # no valid grade at all
 
 
 def selected(runs: Iterable[Any], only: frozenset[str] | None) -> list[Any]:

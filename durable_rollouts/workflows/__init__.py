@@ -8,7 +8,7 @@ activities are referenced by name (see ``types``). Never import envserver, sdk o
 from __future__ import annotations
 
 from durable_rollouts.workflows.rollout import Rollout
-from durable_rollouts.workflows.taskset_run import TasksetRun, group_id, rollout_id, workflow_id
+from durable_rollouts.workflows.taskset_run import TasksetRun, child_id, group_id, rollout_id, workflow_id
 from durable_rollouts.workflows.types import (
     DEFAULT_TASK_QUEUE,
     SEARCH_ATTRIBUTES,
@@ -29,6 +29,7 @@ __all__ = [
     "TasksetRun",
     "TasksetRunInput",
     "TasksetRunResult",
+    "child_id",
     "group_id",
     "rollout_id",
     "workflow_id",

@@ -16,7 +16,7 @@ from datetime import timedelta
 from typing import Any
 
 from temporalio import workflow
-from temporalio.common import RetryPolicy
+from temporalio.common import RetryPolicy, SearchAttributeKey
 from temporalio.exceptions import (
     ActivityError,
     ApplicationError,
@@ -59,6 +59,11 @@ with workflow.unsafe.imports_passed_through():
 
 __all__ = ["Rollout", "is_substrate_gone"]
 
+
+# Upserted by every Rollout (behind the "rollout-search-attributes" patch): running, then final.
+KEY_STATUS = SearchAttributeKey.for_keyword("RolloutsStatus")
+KEY_REWARD = SearchAttributeKey.for_float("RolloutsReward")
+KEY_ERROR_PHASE = SearchAttributeKey.for_keyword("RolloutsErrorPhase")
 
 
 def _retry(attempts: int, max_interval_s: float = 30.0) -> RetryPolicy:
@@ -178,6 +183,26 @@ class Rollout:
 
     @workflow.run
     async def run(self, inp: RolloutInput) -> RolloutResult:
+        # New command (upserts): only where the parent says the attributes exist, behind a patch.
+        publish = inp.search_attributes and workflow.patched("rollout-search-attributes")
+        if publish:
+            workflow.upsert_search_attributes([KEY_STATUS.value_set("running")])
+        try:
+            result = await self._run(inp)
+        except asyncio.CancelledError:
+            if publish:
+                workflow.upsert_search_attributes([KEY_STATUS.value_set("cancelled")])
+            raise
+        if publish:
+            updates = [KEY_STATUS.value_set(result.status)]
+            if result.status == "succeeded" and result.reward is not None:
+                updates.append(KEY_REWARD.value_set(result.reward))  # only real rewards
+            if result.error_phase:
+                updates.append(KEY_ERROR_PHASE.value_set(result.error_phase))
+            workflow.upsert_search_attributes(updates)
+        return result
+
+    async def _run(self, inp: RolloutInput) -> RolloutResult:
         started = workflow.time()
         self._timeout_s = inp.rollout_timeout_s
         self._local_steps = inp.local_steps

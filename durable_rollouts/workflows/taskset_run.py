@@ -18,12 +18,14 @@ from temporalio.exceptions import ActivityError, ChildWorkflowError
 from temporalio.workflow import ParentClosePolicy
 
 with workflow.unsafe.imports_passed_through():
-    from durable_rollouts.models import RolloutResult, Task
+    from durable_rollouts.models import RetryAttempt, RolloutResult, Task
     from durable_rollouts.workflows.rollout import Rollout
     from durable_rollouts.workflows.types import (
         ACT_LOAD_ROWS,
         ACT_RESOLVE,
         ACT_STORE_RESULTS,
+        ERROR_STATUSES,
+        RETRYABLE_STATUSES,
         LoadRowsInput,
         Progress,
         ResolveGroupInput,
@@ -34,7 +36,7 @@ with workflow.unsafe.imports_passed_through():
         TasksetRunResult,
     )
 
-__all__ = ["TasksetRun", "group_id", "rollout_id", "workflow_id"]
+__all__ = ["TasksetRun", "child_id", "group_id", "rollout_id", "workflow_id"]
 
 FLUSH_CHUNK = 250  # results per stored chunk (keeps activity payloads well under 256 KB)
 ROW_WINDOW = 250  # rows loaded per activity when the rows travel by claim check
@@ -58,6 +60,11 @@ def rollout_id(job_id: str, slug: str, group_index: int, batch_index: int = 0) -
     return f"job-{job_id}-{slug}-{group_index}{_suffix(batch_index)}"
 
 
+def child_id(rollout_id: str, retry: int = 0) -> str:
+    """Workflow id of a rollout's Rollout child: the rollout id, ``-r<n>`` for the n-th fresh re-run."""
+    return rollout_id if retry == 0 else f"{rollout_id}-r{retry}"
+
+
 def group_id(job_id: str, row_index: int, batch_index: int = 0) -> str:
     return f"{job_id}-g{row_index}{_suffix(batch_index)}"
 
@@ -69,6 +76,7 @@ class TasksetRun:
     def __init__(self) -> None:
         self._progress: Progress | None = None
         self._window: dict[int, Task] = {}
+        self._failed_on: str | None = None  # on_error="fail": set by the first unrecovered error
 
     @workflow.query
     def progress(self) -> Progress:
@@ -91,6 +99,10 @@ class TasksetRun:
         pending: list[asyncio.Task[RolloutResult]] = []
         try:
             while index < total or pending:
+                if self._failed_on is not None:  # on_error="fail": cancel the rest (teardown runs)
+                    index = await self._fail_rest(inp, pending, index, total, results)
+                    pending = []
+                    break
                 while index < total and len(pending) < inp.max_concurrent and not self._too_long(inp):
                     row_index, group_index = self._slot(inp, index)
                     row = await self._row(inp, row_index)
@@ -99,12 +111,9 @@ class TasksetRun:
                         try:
                             task = await self._resolve(inp, row)
                         except ActivityError as err:  # the whole group fails, the batch goes on
-                            while index < total and self._slot(inp, index)[0] == row_index:
-                                failed = self._unresolved(inp, row, row_index, self._slot(inp, index)[1], err)
-                                results.append(failed)
-                                progress.started += 1
-                                progress.count(failed)
-                                index += 1
+                            index = self._group_unresolved(inp, row, row_index, index, total, err, results)
+                            if self._failed_on is not None:
+                                break
                             continue
                         resolved[row_index] = task
                     pending.append(asyncio.ensure_future(
@@ -112,6 +121,8 @@ class TasksetRun:
                     index += 1
                     progress.started += 1
                     progress.running += 1
+                if self._failed_on is not None:
+                    continue  # cancel the rest at the top of the loop
                 if not pending:
                     break
                 done, rest = await workflow.wait(pending, return_when=asyncio.FIRST_COMPLETED)
@@ -120,7 +131,7 @@ class TasksetRun:
                     result = fut.result()
                     results.append(result)
                     progress.running -= 1
-                    progress.count(result)
+                    self._count(inp, result)
                 self._details(progress)
         except asyncio.CancelledError:
             await self._cancel_children(inp, pending)
@@ -141,9 +152,59 @@ class TasksetRun:
 
         progress.done = True
         self._details(progress)
-        self._set_status(inp, "completed")
+        self._set_status(inp, "completed" if self._failed_on is None else "failed")
         return TasksetRunResult(job_id=inp.job_id, job_name=inp.job_name, batch_index=inp.batch_index,
+                                on_error=inp.on_error, failed_on=self._failed_on,
                                 progress=progress, results=results, result_refs=refs)
+
+    def _count(self, inp: TasksetRunInput, result: RolloutResult) -> None:
+        """Count a final result; under on_error="fail" the first error marks the batch failed."""
+        assert self._progress is not None
+        self._progress.count(result)
+        if inp.on_error == "fail" and result.status in ERROR_STATUSES and self._failed_on is None:
+            self._failed_on = result.rollout_id
+
+    def _group_unresolved(self, inp: TasksetRunInput, row: Task, row_index: int, index: int, total: int,
+                          err: ActivityError, results: list[RolloutResult]) -> int:
+        """Record every rollout of a group whose task did not resolve as failed; the next index."""
+        assert self._progress is not None
+        while index < total and self._slot(inp, index)[0] == row_index:
+            failed = self._unresolved(inp, row, row_index, self._slot(inp, index)[1], err)
+            results.append(failed)
+            self._progress.started += 1
+            self._count(inp, failed)
+            index += 1
+        return index
+
+    async def _fail_rest(self, inp: TasksetRunInput, pending: list[asyncio.Task[RolloutResult]],
+                         index: int, total: int, results: list[RolloutResult]) -> int:
+        """Cancel every running rollout (each one still tears down) and record the unstarted ones
+        as cancelled; returns ``total`` (nothing is left to start)."""
+        progress = self._progress
+        assert progress is not None
+        for fut in pending:
+            fut.cancel()
+        cut = f"on_error=fail stopped the batch after {self._failed_on} failed"
+        for outcome in await asyncio.gather(*pending, return_exceptions=True):
+            if isinstance(outcome, RolloutResult):
+                if outcome.status == "cancelled" and cut not in (outcome.error or ""):
+                    outcome.error = f"cancelled: {cut}" + (f" ({outcome.error})" if outcome.error else "")
+                results.append(outcome)
+                progress.running -= 1
+                progress.count(outcome)
+        note = f"not started: {cut}"
+        while index < total:
+            row_index, group_index = self._slot(inp, index)
+            row = await self._row(inp, row_index)
+            skipped = RolloutResult(
+                rollout_id=rollout_id(inp.job_id, row.slug, group_index, inp.batch_index), slug=row.slug,
+                group_id=group_id(inp.job_id, row_index, inp.batch_index), group_index=group_index,
+                row_index=row_index, status="cancelled", attempts=0, error=note)
+            results.append(skipped)
+            progress.started += 1
+            progress.count(skipped)
+            index += 1
+        return index
 
     async def _cancel_children(self, inp: TasksetRunInput, pending: list[asyncio.Task[RolloutResult]]) -> None:
         # Cancel every running Rollout and wait for it, so each one's teardown runs before we close.
@@ -216,20 +277,44 @@ class TasksetRun:
                        group_index: int) -> RolloutResult:
         # The id uses the row's slug (known before resolution), so it is stable for resume.
         rid = rollout_id(inp.job_id, row_slug, group_index, inp.batch_index)
+        earlier: list[RetryAttempt] = []
+        retry = 0
+        while True:
+            result = await self._rollout_once(inp, task, rid, row_index, group_index, retry)
+            # Fresh re-runs (new child, new substrate key) only for inputs that ask for them.
+            if (result.status not in RETRYABLE_STATUSES or retry >= inp.retries
+                    or self._failed_on is not None or not workflow.patched("taskset-run-retries")):
+                break
+            earlier.append(RetryAttempt(
+                workflow_id=child_id(rid, retry), status=result.status, reward=result.reward,
+                error=result.error, error_phase=result.error_phase))
+            retry += 1
+        if earlier:
+            result.rollout_id = rid  # results keep the stable id (resume, latest-wins merging)
+            result.retries = retry
+            result.retry_history = earlier
+        return result
+
+    async def _rollout_once(self, inp: TasksetRunInput, task: Task, rid: str, row_index: int,
+                            group_index: int, retry: int) -> RolloutResult:
         gid = group_id(inp.job_id, row_index, inp.batch_index)
-        child = RolloutInput(rollout_id=rid, job_id=inp.job_id, group_id=gid, group_index=group_index,
+        wid = child_id(rid, retry)
+        child = RolloutInput(rollout_id=wid, job_id=inp.job_id, group_id=gid, group_index=group_index,
                              row_index=row_index, task=task, agent=inp.agent, provider=inp.provider,
                              rollout_timeout_s=inp.rollout_timeout_s, max_attempts=inp.max_attempts,
-                             local_steps=inp.local_steps, task_queue=inp.task_queue)
+                             local_steps=inp.local_steps, task_queue=inp.task_queue,
+                             search_attributes=inp.search_attributes, retry=retry)
         attrs = None
         if inp.search_attributes:
             attrs = TypedSearchAttributes([SearchAttributePair(KEY_JOB_ID, inp.job_id),
                                            SearchAttributePair(KEY_TASK_SLUG, task.slug)])
+        # Web UI summary: task, group index, attempt (the first attempt keeps the old text).
+        summary = f"{task.slug} #{group_index}" + (f" attempt {retry + 1}" if retry else "")
         try:
             return await workflow.execute_child_workflow(
-                Rollout.run, child, id=rid, task_queue=inp.task_queue,
+                Rollout.run, child, id=wid, task_queue=inp.task_queue,
                 parent_close_policy=ParentClosePolicy.REQUEST_CANCEL, search_attributes=attrs,
-                static_summary=f"{task.slug} #{group_index}",
+                static_summary=summary,
             )
         except ChildWorkflowError as err:
             cause = err.cause
@@ -239,6 +324,14 @@ class TasksetRun:
                 row_index=row_index, status="cancelled" if cancelled else "errored",
                 error=str(cause or err), error_phase=None if cancelled else "workflow",
             )
+        except asyncio.CancelledError:
+            if self._failed_on is None:  # the batch itself is being cancelled
+                raise
+            # on_error="fail" cancelled this rollout before its child started
+            return RolloutResult(
+                rollout_id=rid, slug=task.slug, group_id=gid, group_index=group_index,
+                row_index=row_index, status="cancelled", attempts=0,
+                error=f"cancelled: on_error=fail stopped the batch after {self._failed_on} failed")
 
     def _details(self, p: Progress) -> None:
         mean = "-" if p.mean_reward is None else f"{p.mean_reward:.3f}"

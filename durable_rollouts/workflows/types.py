@@ -7,9 +7,13 @@ Must not import envserver, sdk, activities or anything with I/O.
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import Field
 
 from durable_rollouts.models import (
+    ERROR_STATUSES,
+    RETRYABLE_STATUSES,
     AgentSpec,
     ProviderSpec,
     RolloutResult,
@@ -33,6 +37,10 @@ __all__ = [
     "DEFAULT_TASK_QUEUE",
     "ERR_CONFIG",
     "ERR_SUBSTRATE_GONE",
+    "ERROR_STATUSES",
+    "ON_ERROR_POLICIES",
+    "OnError",
+    "RETRYABLE_STATUSES",
     "MAX_CONCURRENT",
     "NON_RETRYABLE",
     "LoadRowsInput",
@@ -69,7 +77,9 @@ ERR_CONFIG = "ConfigError"  # a user mistake: never retried
 ERR_SUBSTRATE_GONE = "SubstrateGone"  # the substrate is gone: the Rollout workflow reprovisions
 NON_RETRYABLE = [ERR_CONFIG, ERR_SUBSTRATE_GONE]
 
-# Keyword search attributes registered on the embedded dev server (name -> Temporal type).
+# Search attributes registered on the embedded dev server (name -> Temporal type). Batches carry
+# JobId/JobName/Taskset/Agent/Status; every Rollout carries JobId, TaskSlug, Status, Reward and
+# ErrorPhase.
 SEARCH_ATTRIBUTES = {
     "RolloutsJobId": "Keyword",
     "RolloutsJobName": "Keyword",
@@ -77,7 +87,14 @@ SEARCH_ATTRIBUTES = {
     "RolloutsAgent": "Keyword",
     "RolloutsTaskSlug": "Keyword",
     "RolloutsStatus": "Keyword",
+    "RolloutsReward": "Double",
+    "RolloutsErrorPhase": "Keyword",
 }
+
+OnError = Literal["keep", "drop_group", "fail"]
+"""What a batch does about a rollout whose error survived its retries (``TasksetRunInput.on_error``)."""
+ON_ERROR_POLICIES: tuple[str, ...] = ("keep", "drop_group", "fail")
+
 
 
 _Model = StrictModel  # the one strict base of boundary models (models.py)
@@ -117,8 +134,10 @@ class Progress(_Model):
         return self.reward_sum / self.graded if self.graded else None
 
     def count(self, result: RolloutResult) -> None:
+        # Only a succeeded rollout's reward is a reward (an errored one's grade is best effort).
+        # Runs inside the workflow, but only feeds the query and the current details: replay-safe.
         setattr(self, result.status, getattr(self, result.status) + 1)
-        if result.reward is not None:
+        if result.status == "succeeded" and result.reward is not None:
             self.reward_sum += result.reward
             self.graded += 1
 
@@ -143,6 +162,9 @@ class TasksetRunInput(_Model):
     provider: ProviderSpec
     rollout_timeout_s: float | None = None
     max_attempts: int = Field(default=3, ge=1)
+    # Batch policy: fresh re-runs of an errored/timed-out rollout, then what an error left means.
+    retries: int = Field(default=0, ge=0, le=20)
+    on_error: OnError = "keep"
     local_steps: bool = True  # fast local substrate: provision/teardown as local activities too
     task_queue: str = DEFAULT_TASK_QUEUE
     search_attributes: bool = True
@@ -162,6 +184,8 @@ class TasksetRunResult(_Model):
     job_id: str
     job_name: str = ""
     batch_index: int = 0
+    on_error: OnError = "keep"
+    failed_on: str | None = None  # on_error="fail": the rollout whose error stopped the batch
     progress: Progress
     results: list[RolloutResult] = Field(default_factory=list)
     result_refs: list[ResultsRef] = Field(default_factory=list)
@@ -180,6 +204,10 @@ class RolloutInput(_Model):
     max_attempts: int = Field(default=3, ge=1)
     local_steps: bool = False
     task_queue: str = DEFAULT_TASK_QUEUE  # the queue this workflow runs on (replay-safe)
+    # Upsert RolloutsStatus/Reward/ErrorPhase (the parent knows they are registered); False in
+    # every history recorded before these attributes existed.
+    search_attributes: bool = False
+    retry: int = 0  # fresh re-runs before this one (the child id then ends in -r<retry>)
 
 
 class ResolveGroupInput(_Model):

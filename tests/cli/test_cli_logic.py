@@ -87,6 +87,8 @@ def test_task_summary_flags_groups_whose_rewards_do_not_differ() -> None:
         "mean_reward": None,
         "spread": None,
         "failures": 1,
+        "errored": 1,
+        "dropped": 0,
         "zero_spread": False,
         "zero_spread_groups": [],
     }

@@ -114,7 +114,7 @@ async def test_agent_timeout_stops_the_trace_and_still_grades(letters_path: Path
     job = await run_direct(ts, agent, LocalRuntime(letters_path))
     for run in job.runs:
         assert run.trace.stop_reason == "timeout" and run.trace.status == "error"
-        assert run.grade is not None and not run.grade.is_error and run.reward == 0.0
+        assert run.grade is not None and not run.grade.is_error and run.grade_reward == 0.0 and run.reward is None  # graded, but no reward
         assert run.status == "errored"
 
 
@@ -124,7 +124,7 @@ async def test_failing_agent_is_recorded_and_graded_best_effort(letters_path: Pa
     run = job.runs[0]
     assert run.status == "errored" and run.trace.is_error
     assert any("model unreachable" in (s.error or "") for s in run.trace.steps)
-    assert run.grade is not None and run.reward == 0.0
+    assert run.grade is not None and run.grade_reward == 0.0 and run.reward is None  # graded, but no reward
 
 
 async def test_bad_timeouts_are_rejected_before_anything_starts(letters_path: Path) -> None:

@@ -41,5 +41,6 @@ async def test_verifier_decides_the_reward(kind: str, setup: str) -> None:
 
 async def test_verifier_sees_a_failed_actor_as_an_error_frame() -> None:
     job = await run_direct(_tasks().separate_env, FailAgent(message="no model"), LocalRuntime())
-    assert [r.reward for r in job.runs] == [0.0, 0.0]
+    assert [r.grade_reward for r in job.runs] == [0.0, 0.0]  # graded best effort ...
+    assert [r.reward for r in job.runs] == [None, None]  # ... but an errored run has no reward
     assert all(r.grade.content == "the actor produced no gradable result" for r in job.runs)
