@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 
 from temporalio import activity
 
+from durable_rollouts.activities.checkpoints import AgentCheckpoints
 from durable_rollouts.activities.failures import map_errors
 from durable_rollouts.activities.faults import maybe_crash
 from durable_rollouts.models import (
@@ -97,7 +98,7 @@ class RolloutActivities:
         return [self.provision, self.connect, self.start, self.agent, self.grade, self.verify,
                 self.teardown]
 
-    async def _beating(self, step: Awaitable[T]) -> T:
+    async def _beating(self, step: Awaitable[T], details: Any = None) -> T:
         """Await ``step`` while heartbeating every ``beat_s`` (cancels it if we are cancelled)."""
         task = asyncio.ensure_future(step)
         try:
@@ -106,7 +107,7 @@ class RolloutActivities:
                 if done:
                     return task.result()
                 if not activity.info().is_local:
-                    activity.heartbeat()
+                    activity.heartbeat(*([] if details is None else [details]))
         finally:
             if not task.done():
                 task.cancel()
@@ -142,8 +143,11 @@ class RolloutActivities:
     @activity.defn(name=ACT_AGENT)
     async def agent(self, inp: AgentInput) -> AgentResult:
         with map_errors():
+            checkpoints = AgentCheckpoints(inp)
+            inp = await checkpoints.restore(inp)  # a retried attempt resumes from the last checkpoint
             result = await self._beating(
-                steps.run_agent(inp, heartbeat=activity.heartbeat, trace_store=self.trace_store))
+                steps.run_agent(inp, heartbeat=checkpoints.heartbeat, trace_store=self.trace_store,
+                                checkpointer=checkpoints.save), checkpoints.progress)
         maybe_crash("after_agent")
         return result
 

@@ -16,12 +16,14 @@ import contextlib
 import json
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, NoReturn
 
 from ..errors import (
+    CheckpointError,
     ConfigError,
+    ModelAPIError,
     ProtocolError,
     ReadyTimeoutError,
     RemoteTaskError,
@@ -31,6 +33,7 @@ from ..errors import (
 from ..models import (
     AgentInput,
     AgentResult,
+    Checkpoint,
     ConnectInput,
     Endpoint,
     Grade,
@@ -190,15 +193,21 @@ async def start(inp: StartInput) -> dict[str, Any]:
         await client.close()
 
 
+Checkpointer = Callable[[Checkpoint], Awaitable[None]]
+_LOCAL_MODEL_RETRIES = 3  # without a durable checkpointer (direct executor): retries in-process
+
+
 async def run_agent(inp: AgentInput, *, heartbeat: Callable[[], None] | None = None,
-                    trace_store: TraceStore | None = None) -> AgentResult:
-    """Rebuild the agent, let it work on the session, store its trace.
+                    trace_store: TraceStore | None = None,
+                    checkpointer: Checkpointer | None = None) -> AgentResult:
+    """Rebuild the agent, let it work on the session (from ``inp.checkpoint``), store its trace.
 
     Agent failures and timeouts do not raise: they are recorded in the trace and the result
-    (so the rollout is still graded). Infrastructure failures (substrate gone) do raise.
+    (so the rollout is still graded). Infrastructure failures (substrate gone, a retryable model
+    API error on the durable path, a checkpoint that could not be made durable) do raise.
     """
     agent = load_agent(inp.agent)
-    trace = await execute_agent(agent, inp, heartbeat=heartbeat)
+    trace = await execute_agent(agent, inp, heartbeat=heartbeat, checkpointer=checkpointer)
     return store_result(trace, trace_store)
 
 
@@ -211,27 +220,30 @@ def store_result(trace: Trace, trace_store: TraceStore | None = None) -> AgentRe
 
 
 async def execute_agent(agent: Agent, inp: AgentInput, *,
-                        heartbeat: Callable[[], None] | None = None) -> Trace:
-    """Run an agent object on the session under ``inp.timeout_s``; returns its trace."""
+                        heartbeat: Callable[[], None] | None = None,
+                        checkpointer: Checkpointer | None = None) -> Trace:
+    """Run an agent object on the session under ``inp.timeout_s``; returns its trace.
+
+    With ``inp.checkpoint`` the run resumes: the trace is the checkpointed one and the agent
+    finds its state in ``run.restored_state``. ``checkpointer`` makes ``run.checkpoint`` durable.
+    """
     client = await _resume(inp.endpoint, inp.session)
     trace = Trace(trace_id=inp.rollout_id)
-    trace.record(Step(source="user", messages=[{"role": "user", "content": inp.prompt.get("prompt", inp.prompt)}],
-                      task_call=TaskCall(phase="setup", name=inp.task.id, arguments=inp.task.args,
-                                         result=inp.prompt), ended_at=time.time()))
     run = Run(task=inp.task, prompt=inp.prompt, bindings=list(client.bindings), client=client,
-              trace=trace, job_id=inp.job_id, group_id=inp.group_id, rollout_id=inp.rollout_id)
+              trace=trace, job_id=inp.job_id, group_id=inp.group_id, rollout_id=inp.rollout_id,
+              _checkpointer=checkpointer)
+    if inp.checkpoint is not None:
+        run.restore(inp.checkpoint)
+        trace.extra["resumed_at_step"] = len(trace.steps)
+    else:
+        trace.record(Step(source="user", messages=[{"role": "user", "content": inp.prompt.get("prompt", inp.prompt)}],
+                          task_call=TaskCall(phase="setup", name=inp.task.id, arguments=inp.task.args,
+                                             result=inp.prompt), ended_at=time.time()))
     beat = asyncio.create_task(_beat(heartbeat)) if heartbeat is not None else None
     timeout = inp.timeout_s if inp.timeout_s is not None else agent.timeout_s
     try:
         async with asyncio.timeout(timeout) as scope:
-            try:
-                await agent(run)
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:  # the agent's own failure: recorded, still graded
-                trace.status = "error"
-                trace.stop_reason = "error"
-                trace.record(Step(source="system", error=f"{type(exc).__name__}: {exc}", ended_at=time.time()))
+            await _call_agent(agent, run, durable=checkpointer is not None)
     except TimeoutError:
         if not scope.expired():
             raise
@@ -252,6 +264,45 @@ async def execute_agent(agent: Agent, inp: AgentInput, *,
         trace.status = "completed"
         trace.stop_reason = trace.stop_reason or "done"
     return trace
+
+
+async def _call_agent(agent: Agent, run: Run, *, durable: bool) -> None:
+    """``agent(run)``; its own failures are recorded in the trace (still graded).
+
+    A retryable ``ModelAPIError`` ends the step on the durable path (the step is retried and
+    resumes from the last checkpoint); in-process it is retried here the same way, from the last
+    checkpoint, a few times. A ``CheckpointError`` is infrastructure: it always raises.
+    """
+    base = len(run.trace.steps)
+    delay = 1.0
+    for attempt in range(_LOCAL_MODEL_RETRIES + 1):
+        try:
+            await agent(run)
+            return
+        except asyncio.CancelledError:
+            raise
+        except CheckpointError:
+            raise
+        except ModelAPIError as exc:
+            if exc.retryable and durable:
+                raise
+            if exc.retryable and attempt < _LOCAL_MODEL_RETRIES:
+                await asyncio.sleep(exc.retry_after_s if exc.retry_after_s is not None else delay)
+                delay *= 2
+                del run.trace.steps[max(base, run._durable_steps):]  # back to the last checkpoint
+                run.restored_state = run._last_state
+                continue
+            _record_failure(run.trace, exc)
+            return
+        except Exception as exc:  # the agent's own failure: recorded, still graded
+            _record_failure(run.trace, exc)
+            return
+
+
+def _record_failure(trace: Trace, exc: BaseException) -> None:
+    trace.status = "error"
+    trace.stop_reason = "error"
+    trace.record(Step(source="system", error=f"{type(exc).__name__}: {exc}", ended_at=time.time()))
 
 
 async def _beat(heartbeat: Callable[[], None]) -> None:

@@ -6,6 +6,11 @@ workflow: they come back as a ``RolloutResult`` with ``status`` and ``error_phas
 can count them. A ``SubstrateGone`` failure (connection refused, unknown session, a host queue
 nobody polls any more) tears the old substrate down and starts a new rollout attempt, up to
 ``max_attempts``; every attempt's error is recorded. Teardown always runs, also on cancel.
+
+Durable agent turns: the agent activity records checkpoints with the ``checkpoint`` update (kept
+in memory, so rebuilt on replay from the update events); a retried attempt fetches the latest one
+with ``latest_checkpoint``, and a fresh schedule of the agent step gets it in its input. Updates
+from a superseded (zombie) attempt are rejected by the validators (``CheckpointFence``).
 """
 
 from __future__ import annotations
@@ -28,6 +33,8 @@ with workflow.unsafe.imports_passed_through():
     from durable_rollouts.models import (
         AgentInput,
         AgentResult,
+        Checkpoint,
+        CheckpointFence,
         ConnectInput,
         Endpoint,
         GradeInput,
@@ -47,6 +54,8 @@ with workflow.unsafe.imports_passed_through():
         ACT_START,
         ACT_TEARDOWN,
         ACT_VERIFY,
+        UPD_CHECKPOINT,
+        UPD_LATEST_CHECKPOINT,
         RolloutInput,
     )
 
@@ -120,6 +129,8 @@ def _is_heartbeat_timeout(err: BaseException) -> bool:
 
 # Fresh schedules of the agent step after every attempt timed out on heartbeats (a lost worker).
 _AGENT_LOST_WORKER_ROUNDS = 3
+# Agent attempts with checkpoints: a retry resumes (model API errors, Retry-After, lost workers).
+_AGENT_ATTEMPTS = 10
 
 
 def _message(err: BaseException) -> str:
@@ -159,6 +170,10 @@ class Rollout:
         self._timeout_s: float | None = None
         self._local_steps = False
         self._queue = ""
+        # durable agent turns: the latest checkpoint (all its steps), and who may still write
+        self._checkpoint: Checkpoint | None = None
+        self._fence: tuple[int, int] = (0, 0)
+        self._agent_schedules = 0
 
     def _enter(self, phase: str) -> str:
         self._phase = self._last_phase = phase
@@ -167,6 +182,40 @@ class Rollout:
     @workflow.query
     def phase(self) -> dict[str, Any]:
         return {"phase": self._phase, "attempt": self._attempt}
+
+    @workflow.update(name=UPD_CHECKPOINT)
+    def checkpoint(self, checkpoint: Checkpoint) -> int:
+        """Keep the agent's newest checkpoint (a delta of trace steps); returns the step count."""
+        self._fence = max(self._fence, checkpoint.fence.key())
+        steps = self._checkpoint.steps[:checkpoint.first_step] if self._checkpoint else []
+        steps.extend(checkpoint.steps)
+        self._checkpoint = checkpoint.model_copy(update={"steps": steps, "first_step": 0})
+        tool = f", last tool {checkpoint.last_tool}" if checkpoint.last_tool else ""
+        workflow.set_current_details(f"agent turn {checkpoint.turn}{tool} ({len(steps)} trace steps)")
+        return len(steps)
+
+    @checkpoint.validator
+    def _check_checkpoint(self, checkpoint: Checkpoint) -> None:
+        self._check_fence(checkpoint.fence)
+        have = len(self._checkpoint.steps) if self._checkpoint else 0
+        if checkpoint.first_step > have:
+            raise ValueError(f"checkpoint starts at step {checkpoint.first_step}, only {have} are kept")
+
+    @workflow.update(name=UPD_LATEST_CHECKPOINT)
+    def latest_checkpoint(self, fence: CheckpointFence) -> Checkpoint | None:
+        """The newest checkpoint, for a retried agent attempt (which fences off older ones)."""
+        self._fence = max(self._fence, fence.key())
+        return self._checkpoint
+
+    @latest_checkpoint.validator
+    def _check_latest(self, fence: CheckpointFence) -> None:
+        self._check_fence(fence)
+
+    def _check_fence(self, fence: CheckpointFence) -> None:
+        if self._phase != "agent loop":
+            raise ValueError(f"no agent step is running (phase {self._phase})")
+        if fence.key() < self._fence:
+            raise ValueError(f"stale agent attempt {fence.key()}: attempt {self._fence} took over")
 
     @workflow.run
     async def run(self, inp: RolloutInput) -> RolloutResult:
@@ -249,10 +298,18 @@ class Rollout:
         agent_input = AgentInput(endpoint=endpoint, session=session, task=inp.task, prompt=prompt,
                                  agent=inp.agent, rollout_id=inp.rollout_id, job_id=inp.job_id,
                                  group_id=inp.group_id)
+        self._checkpoint = None  # a new substrate (rollout attempt): earlier checkpoints do not apply
+        checkpoints = workflow.patched("agent-checkpoints")
         lost = 0
         while True:
+            if checkpoints:  # a fresh schedule resumes from the latest checkpoint, fenced anew
+                self._agent_schedules += 1
+                self._fence = max(self._fence, (self._agent_schedules, 0))
+                agent_input = agent_input.model_copy(update={
+                    "schedule": self._agent_schedules, "checkpoint": self._checkpoint})
             try:
-                return await self._step(ACT_AGENT, agent_input, AgentResult, endpoint)
+                return await self._step(ACT_AGENT, agent_input, AgentResult, endpoint,
+                                        attempts=_AGENT_ATTEMPTS if checkpoints else None)
             except STEP_FAILURES as err:
                 if is_substrate_gone(err) or _is_cancelled(err):
                     raise
@@ -304,8 +361,9 @@ class Rollout:
     # -- activity plumbing ---------------------------------------------------------------------
 
     async def _step(self, name: str, arg: Any, result_type: type | None, endpoint: Endpoint | None,
-                    allow_local: bool = True) -> Any:
-        start_to_close, heartbeat, attempts = _OPTIONS[name]
+                    allow_local: bool = True, attempts: int | None = None) -> Any:
+        start_to_close, heartbeat, default_attempts = _OPTIONS[name]
+        attempts = attempts or default_attempts
         if name == ACT_AGENT and self._timeout_s:
             start_to_close = timedelta(seconds=self._timeout_s + 60)
         own_queue = self._queue  # from the input, not workflow.info(): replays run elsewhere

@@ -38,6 +38,8 @@ __all__ = [
     "StoreResultsInput",
     "TasksetRunInput",
     "TasksetRunResult",
+    "UPD_CHECKPOINT",
+    "UPD_LATEST_CHECKPOINT",
 ]
 
 DEFAULT_TASK_QUEUE = "rollouts"
@@ -52,6 +54,9 @@ ACT_PROVISION = "rollouts.provision"
 ACT_CONNECT = "rollouts.connect"
 ACT_START = "rollouts.start"
 ACT_AGENT = "rollouts.agent"
+# Updates of the Rollout workflow that the agent activity sends (durable agent turns).
+UPD_CHECKPOINT = "checkpoint"
+UPD_LATEST_CHECKPOINT = "latest_checkpoint"
 ACT_GRADE = "rollouts.grade"
 ACT_VERIFY = "rollouts.verify"
 ACT_TEARDOWN = "rollouts.teardown"
