@@ -57,6 +57,8 @@ class AgentCheckpoints:
     async def save(self, checkpoint: Checkpoint) -> None:
         """Record ``checkpoint`` in the workflow's history; returns once it is durable."""
         checkpoint.fence = self.fence
+        if checkpoint.steps and checkpoint.steps[-1].source == "tool":
+            maybe_crash("after_tool")  # test-only: a tool call ran, its result is not durable yet
         try:
             await self.handle.execute_update(UPD_CHECKPOINT, checkpoint)
         except WorkflowUpdateFailedError as exc:
