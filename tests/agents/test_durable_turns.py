@@ -71,6 +71,16 @@ async def test_kill_while_a_model_request_is_in_flight_repeats_only_that_request
     assert tools == [f"echo step-{k} >> log.txt" for k in range(1, 7)]
     assert run.trace.extra.get("resumed_at_step", 0) > 0
     assert [s.index for s in run.trace.steps] == list(range(len(run.trace.steps)))
+    # the history holds the checkpoints as updates and replays deterministically
+    from temporalio.worker import Replayer
+
+    from durable_rollouts.codec import data_converter
+    from durable_rollouts.workflows import Rollout
+
+    history = await client.get_workflow_handle(run.rollout_id).fetch_history()
+    kinds = [e.WhichOneof("attributes") for e in history.events]
+    assert kinds.count("workflow_execution_update_completed_event_attributes") >= 7
+    await Replayer(workflows=[Rollout], data_converter=data_converter()).replay_workflow(history)
 
 
 async def test_kill_right_after_a_checkpoint_returns_loses_nothing(
@@ -146,11 +156,13 @@ async def test_a_custom_agent_resumes_from_its_restored_state(
     first = start_worker()
     task = Task(env="counting", id="echo", source=ENV_FILE,
                 args={"expected": "x", "grade_log": str(evidence / "grades.log")})
-    handle = await start_job(Taskset("t", [task]), TurnsAgent(turns=5, think_s=1.0, log=str(log)),
+    handle = await start_job(Taskset("t", [task]), TurnsAgent(turns=5, think_s=1.5, log=str(log)),
                              runtime=SubprocessRuntime(ENV_FILE), temporal=client, worker=False,
                              task_queue=task_queue)
     await async_wait_for(lambda: len(read_lines(Path(str(log) + ".cp"))) == 2, timeout=60,
                          what="turn 2 checkpointed")
+    rollout = client.get_workflow_handle(read_lines(log)[0].split()[0])
+    progress = await _progress(client, rollout)
     first.kill()
     second = start_worker()
     job = await asyncio.wait_for(handle.wait(), 90)
@@ -158,5 +170,26 @@ async def test_a_custom_agent_resumes_from_its_restored_state(
     assert (run.status, run.reward) == ("succeeded", 1.0), run.error
     turns = [line.split() for line in read_lines(log)]
     assert [int(t[1]) for t in turns] == [1, 2, 3, 4, 5]
-    assert {t[2] for t in turns[2:]} == {str(second.pid)}
+    assert turns[-1][2] == str(second.pid) and turns[1][2] == str(first.pid)
     assert run.trace.extra["resumed"] == 1 and len(read_lines(evidence / "grades.log")) == 1
+    # what the Web UI showed mid-run: the turn in the workflow's current details and heartbeat
+    assert progress[0].startswith("agent turn "), progress
+    assert progress[1]["turn"] >= 2 and progress[1]["attempt"] == 1, progress
+
+
+async def _progress(client: Any, rollout: Any) -> tuple[str, dict[str, Any]]:
+    """The Rollout's current details and its agent activity's heartbeat details."""
+    metadata = await rollout.query("__temporal_workflow_metadata")
+    details = getattr(metadata, "current_details", None)
+    if details is None and isinstance(metadata, dict):
+        details = metadata.get("currentDetails", metadata.get("current_details"))
+    beat: dict[str, Any] = {}
+    for _ in range(40):  # heartbeats are throttled: wait for one with details
+        desc = await rollout.describe()
+        pending = desc.raw_description.pending_activities
+        if pending and pending[0].heartbeat_details.payloads:
+            (beat,) = await client.data_converter.decode(pending[0].heartbeat_details.payloads)
+            if (beat.get("turn") or 0) >= 2:
+                break
+        await asyncio.sleep(0.1)
+    return str(details), beat
