@@ -89,6 +89,11 @@ class Run:
         self._last_state = snapshot
         self.checkpoints += 1
 
+    def _rewind(self, base: int) -> None:
+        """Drop what came after the last checkpoint (or after the first ``base`` steps)."""
+        del self.trace.steps[max(base, self._durable_steps):]
+        self.restored_state = self._last_state
+
     def restore(self, checkpoint: Checkpoint | None) -> None:
         """Resume from ``checkpoint``: its steps become the trace, its state ``restored_state``."""
         if checkpoint is None:

@@ -21,9 +21,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from ..errors import (
-    CheckpointError,
     ConfigError,
-    ModelAPIError,
     ProtocolError,
     ReadyTimeoutError,
     RemoteTaskError,
@@ -49,6 +47,7 @@ from ..models import (
     VerifyInput,
 )
 from ..protocol import ErrorCode
+from .agent_call import call_agent
 from .agents import Agent, load_agent
 from .client import EnvClient, parse_url
 from .client import connect as _open
@@ -194,7 +193,6 @@ async def start(inp: StartInput) -> dict[str, Any]:
 
 
 Checkpointer = Callable[[Checkpoint], Awaitable[None]]
-_LOCAL_MODEL_RETRIES = 3  # without a durable checkpointer (direct executor): retries in-process
 
 
 async def run_agent(inp: AgentInput, *, heartbeat: Callable[[], None] | None = None,
@@ -243,7 +241,7 @@ async def execute_agent(agent: Agent, inp: AgentInput, *,
     timeout = inp.timeout_s if inp.timeout_s is not None else agent.timeout_s
     try:
         async with asyncio.timeout(timeout) as scope:
-            await _call_agent(agent, run, durable=checkpointer is not None)
+            await call_agent(agent, run, durable=checkpointer is not None)
     except TimeoutError:
         if not scope.expired():
             raise
@@ -264,45 +262,6 @@ async def execute_agent(agent: Agent, inp: AgentInput, *,
         trace.status = "completed"
         trace.stop_reason = trace.stop_reason or "done"
     return trace
-
-
-async def _call_agent(agent: Agent, run: Run, *, durable: bool) -> None:
-    """``agent(run)``; its own failures are recorded in the trace (still graded).
-
-    A retryable ``ModelAPIError`` ends the step on the durable path (the step is retried and
-    resumes from the last checkpoint); in-process it is retried here the same way, from the last
-    checkpoint, a few times. A ``CheckpointError`` is infrastructure: it always raises.
-    """
-    base = len(run.trace.steps)
-    delay = 1.0
-    for attempt in range(_LOCAL_MODEL_RETRIES + 1):
-        try:
-            await agent(run)
-            return
-        except asyncio.CancelledError:
-            raise
-        except CheckpointError:
-            raise
-        except ModelAPIError as exc:
-            if exc.retryable and durable:
-                raise
-            if exc.retryable and attempt < _LOCAL_MODEL_RETRIES:
-                await asyncio.sleep(exc.retry_after_s if exc.retry_after_s is not None else delay)
-                delay *= 2
-                del run.trace.steps[max(base, run._durable_steps):]  # back to the last checkpoint
-                run.restored_state = run._last_state
-                continue
-            _record_failure(run.trace, exc)
-            return
-        except Exception as exc:  # the agent's own failure: recorded, still graded
-            _record_failure(run.trace, exc)
-            return
-
-
-def _record_failure(trace: Trace, exc: BaseException) -> None:
-    trace.status = "error"
-    trace.stop_reason = "error"
-    trace.record(Step(source="system", error=f"{type(exc).__name__}: {exc}", ended_at=time.time()))
 
 
 async def _beat(heartbeat: Callable[[], None]) -> None:

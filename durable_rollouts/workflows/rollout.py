@@ -33,8 +33,6 @@ with workflow.unsafe.imports_passed_through():
     from durable_rollouts.models import (
         AgentInput,
         AgentResult,
-        Checkpoint,
-        CheckpointFence,
         ConnectInput,
         Endpoint,
         GradeInput,
@@ -54,10 +52,9 @@ with workflow.unsafe.imports_passed_through():
         ACT_START,
         ACT_TEARDOWN,
         ACT_VERIFY,
-        UPD_CHECKPOINT,
-        UPD_LATEST_CHECKPOINT,
         RolloutInput,
     )
+    from durable_rollouts.workflows.checkpoints import CheckpointHandlers
 
 __all__ = ["Rollout", "is_substrate_gone"]
 
@@ -160,7 +157,7 @@ class _SubstrateGone(Exception):
 
 
 @workflow.defn(name="Rollout")
-class Rollout:
+class Rollout(CheckpointHandlers):
     """One rollout of one task with one agent on one substrate."""
 
     def __init__(self) -> None:
@@ -170,10 +167,7 @@ class Rollout:
         self._timeout_s: float | None = None
         self._local_steps = False
         self._queue = ""
-        # durable agent turns: the latest checkpoint (all its steps), and who may still write
-        self._checkpoint: Checkpoint | None = None
-        self._fence: tuple[int, int] = (0, 0)
-        self._agent_schedules = 0
+        self._init_checkpoints()
 
     def _enter(self, phase: str) -> str:
         self._phase = self._last_phase = phase
@@ -182,40 +176,6 @@ class Rollout:
     @workflow.query
     def phase(self) -> dict[str, Any]:
         return {"phase": self._phase, "attempt": self._attempt}
-
-    @workflow.update(name=UPD_CHECKPOINT)
-    def checkpoint(self, checkpoint: Checkpoint) -> int:
-        """Keep the agent's newest checkpoint (a delta of trace steps); returns the step count."""
-        self._fence = max(self._fence, checkpoint.fence.key())
-        steps = self._checkpoint.steps[:checkpoint.first_step] if self._checkpoint else []
-        steps.extend(checkpoint.steps)
-        self._checkpoint = checkpoint.model_copy(update={"steps": steps, "first_step": 0})
-        tool = f", last tool {checkpoint.last_tool}" if checkpoint.last_tool else ""
-        workflow.set_current_details(f"agent turn {checkpoint.turn}{tool} ({len(steps)} trace steps)")
-        return len(steps)
-
-    @checkpoint.validator
-    def _check_checkpoint(self, checkpoint: Checkpoint) -> None:
-        self._check_fence(checkpoint.fence)
-        have = len(self._checkpoint.steps) if self._checkpoint else 0
-        if checkpoint.first_step > have:
-            raise ValueError(f"checkpoint starts at step {checkpoint.first_step}, only {have} are kept")
-
-    @workflow.update(name=UPD_LATEST_CHECKPOINT)
-    def latest_checkpoint(self, fence: CheckpointFence) -> Checkpoint | None:
-        """The newest checkpoint, for a retried agent attempt (which fences off older ones)."""
-        self._fence = max(self._fence, fence.key())
-        return self._checkpoint
-
-    @latest_checkpoint.validator
-    def _check_latest(self, fence: CheckpointFence) -> None:
-        self._check_fence(fence)
-
-    def _check_fence(self, fence: CheckpointFence) -> None:
-        if self._phase != "agent loop":
-            raise ValueError(f"no agent step is running (phase {self._phase})")
-        if fence.key() < self._fence:
-            raise ValueError(f"stale agent attempt {fence.key()}: attempt {self._fence} took over")
 
     @workflow.run
     async def run(self, inp: RolloutInput) -> RolloutResult:
@@ -303,10 +263,8 @@ class Rollout:
         lost = 0
         while True:
             if checkpoints:  # a fresh schedule resumes from the latest checkpoint, fenced anew
-                self._agent_schedules += 1
-                self._fence = max(self._fence, (self._agent_schedules, 0))
                 agent_input = agent_input.model_copy(update={
-                    "schedule": self._agent_schedules, "checkpoint": self._checkpoint})
+                    "schedule": self._fresh_agent_schedule(), "checkpoint": self._checkpoint})
             try:
                 return await self._step(ACT_AGENT, agent_input, AgentResult, endpoint,
                                         attempts=_AGENT_ATTEMPTS if checkpoints else None)

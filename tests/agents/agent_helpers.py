@@ -94,7 +94,8 @@ class StepsModel:
                 number = len(self.requests)
                 if number in self.hold:
                     self.held.set()
-                    await asyncio.Event().wait()  # held until the client goes away
+                    await reader.read()  # held (never answered) until the client goes away
+                    return
                 status, extra = self.fail.pop(number, (200, {}))
                 data = json.dumps(self.reply(body) if status == 200 else
                                   {"error": {"message": f"scripted {status}"}}).encode()
