@@ -144,7 +144,9 @@ class RolloutActivities:
     async def agent(self, inp: AgentInput) -> AgentResult:
         with map_errors():
             checkpoints = AgentCheckpoints(inp)
-            inp = await checkpoints.restore(inp)  # a retried attempt resumes from the last checkpoint
+            # a retried attempt resumes from the last checkpoint; fetching it may wait for the
+            # workflow's task to leave a dead worker's sticky queue: keep heartbeating meanwhile
+            inp = await self._beating(checkpoints.restore(inp), checkpoints.progress)
             result = await self._beating(
                 steps.run_agent(inp, heartbeat=checkpoints.heartbeat, trace_store=self.trace_store,
                                 checkpointer=checkpoints.save), checkpoints.progress)
