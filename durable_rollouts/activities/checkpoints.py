@@ -6,10 +6,16 @@ recorded in history (durable). A retried attempt (Temporal reuses the ORIGINAL a
 fetches the latest checkpoint itself with the ``latest_checkpoint`` update, which also fences
 off older, zombie attempts. Every checkpoint and heartbeat carries the agent's progress (turn,
 last tool call) as heartbeat details, for the Web UI.
+
+Without external payload storage in the data converter, a checkpoint whose total (every kept
+step plus the state) would pass Temporal's 2 MB payload limit is not sent: checkpointing stops
+for this attempt with a warning (a crash then resumes from the last checkpoint that fit), rather
+than wedging the workflow on an oversized update.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 from typing import Any
 
@@ -26,6 +32,8 @@ __all__ = ["AgentCheckpoints"]
 
 log = logging.getLogger(__name__)
 
+INLINE_LIMIT_BYTES = 1_800_000  # under Temporal's 2 MB payload limit, with room for the envelope
+
 
 class AgentCheckpoints:
     """Checkpointer and heartbeat of one agent activity attempt."""
@@ -37,6 +45,8 @@ class AgentCheckpoints:
                                                             run_id=info.workflow_run_id)
         self.progress: dict[str, Any] = {"turn": None, "last_tool": None, "attempt": info.attempt}
         self._local = info.is_local
+        self._inline_only = activity.client().data_converter.external_storage is None
+        self._steps_bytes = 0  # JSON size of the steps the workflow keeps
 
     async def restore(self, inp: AgentInput) -> AgentInput:
         """``inp`` with the latest checkpoint: from the input on a first attempt, else fetched."""
@@ -50,6 +60,7 @@ class AgentCheckpoints:
             except RPCError as exc:
                 raise CheckpointError(f"cannot fetch the agent's checkpoint: {exc}") from exc
         if checkpoint is not None:
+            self._steps_bytes = sum(len(s.model_dump_json()) for s in checkpoint.steps)
             self.progress.update(turn=checkpoint.turn, last_tool=checkpoint.last_tool,
                                  resumed_at_step=len(checkpoint.steps))
         return inp.model_copy(update={"checkpoint": checkpoint})
@@ -57,6 +68,15 @@ class AgentCheckpoints:
     async def save(self, checkpoint: Checkpoint) -> None:
         """Record ``checkpoint`` in the workflow's history; returns once it is durable."""
         checkpoint.fence = self.fence
+        if self.progress.get("checkpoints") == "stopped":
+            return
+        delta = sum(len(s.model_dump_json()) for s in checkpoint.steps)
+        total = self._steps_bytes + delta + len(json.dumps(checkpoint.state))
+        if self._inline_only and total > INLINE_LIMIT_BYTES:
+            log.warning("agent checkpoints stop at turn %s: over %d bytes and the data converter "
+                        "has no external storage", checkpoint.turn, INLINE_LIMIT_BYTES)
+            self.progress["checkpoints"] = "stopped"
+            return
         if checkpoint.steps and checkpoint.steps[-1].source == "tool":
             maybe_crash("after_tool")  # test-only: a tool call ran, its result is not durable yet
         try:
@@ -65,6 +85,7 @@ class AgentCheckpoints:
             raise CheckpointError(f"checkpoint refused: {_cause(exc)}") from exc
         except RPCError as exc:
             raise CheckpointError(f"checkpoint not recorded: {exc}") from exc
+        self._steps_bytes += delta
         maybe_crash("after_checkpoint")  # test-only: the checkpoint is durable, nothing else is
         self.progress.update(turn=checkpoint.turn, last_tool=checkpoint.last_tool)
         self.heartbeat()
