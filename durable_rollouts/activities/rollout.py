@@ -147,9 +147,12 @@ class RolloutActivities:
             # a retried attempt resumes from the last checkpoint; fetching it may wait for the
             # workflow's task to leave a dead worker's sticky queue: keep heartbeating meanwhile
             inp = await self._beating(checkpoints.restore(inp), checkpoints.progress)
+            info = activity.info()
+            limit = info.retry_policy.maximum_attempts if info.retry_policy else 0
             result = await self._beating(
                 steps.run_agent(inp, heartbeat=checkpoints.heartbeat, trace_store=self.trace_store,
-                                checkpointer=checkpoints.save), checkpoints.progress)
+                                checkpointer=checkpoints.save,
+                                last_attempt=0 < limit <= info.attempt), checkpoints.progress)
         maybe_crash("after_agent")
         return result
 

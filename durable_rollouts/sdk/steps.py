@@ -197,15 +197,18 @@ Checkpointer = Callable[[Checkpoint], Awaitable[None]]
 
 async def run_agent(inp: AgentInput, *, heartbeat: Callable[[], None] | None = None,
                     trace_store: TraceStore | None = None,
-                    checkpointer: Checkpointer | None = None) -> AgentResult:
+                    checkpointer: Checkpointer | None = None,
+                    last_attempt: bool = False) -> AgentResult:
     """Rebuild the agent, let it work on the session (from ``inp.checkpoint``), store its trace.
 
     Agent failures and timeouts do not raise: they are recorded in the trace and the result
     (so the rollout is still graded). Infrastructure failures (substrate gone, a retryable model
-    API error on the durable path, a checkpoint that could not be made durable) do raise.
+    API error on the durable path, a checkpoint that could not be made durable) do raise; on
+    the ``last_attempt`` a model API error is retried in-process, then recorded (trace kept).
     """
     agent = load_agent(inp.agent)
-    trace = await execute_agent(agent, inp, heartbeat=heartbeat, checkpointer=checkpointer)
+    trace = await execute_agent(agent, inp, heartbeat=heartbeat, checkpointer=checkpointer,
+                                last_attempt=last_attempt)
     return store_result(trace, trace_store)
 
 
@@ -219,7 +222,8 @@ def store_result(trace: Trace, trace_store: TraceStore | None = None) -> AgentRe
 
 async def execute_agent(agent: Agent, inp: AgentInput, *,
                         heartbeat: Callable[[], None] | None = None,
-                        checkpointer: Checkpointer | None = None) -> Trace:
+                        checkpointer: Checkpointer | None = None,
+                        last_attempt: bool = False) -> Trace:
     """Run an agent object on the session under ``inp.timeout_s``; returns its trace.
 
     With ``inp.checkpoint`` the run resumes: the trace is the checkpointed one and the agent
@@ -241,7 +245,7 @@ async def execute_agent(agent: Agent, inp: AgentInput, *,
     timeout = inp.timeout_s if inp.timeout_s is not None else agent.timeout_s
     try:
         async with asyncio.timeout(timeout) as scope:
-            await call_agent(agent, run, durable=checkpointer is not None)
+            await call_agent(agent, run, durable=checkpointer is not None and not last_attempt)
     except TimeoutError:
         if not scope.expired():
             raise

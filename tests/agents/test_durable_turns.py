@@ -193,3 +193,20 @@ async def _progress(client: Any, rollout: Any) -> tuple[str, dict[str, Any]]:
                 break
         await asyncio.sleep(0.1)
     return str(details), beat
+
+
+async def test_a_model_that_keeps_failing_ends_the_agent_after_the_last_attempt_with_its_trace(
+        client, task_queue, start_worker, model, evidence: Path) -> None:
+    """Every request answers 503 (``Retry-After: 0.1``): Temporal retries the step up to its
+    attempt limit (10); the last attempt retries in-process 3 times, then records the failure, so
+    the rollout is graded ``errored`` with the server's message and its trace is kept."""
+    llm = await model(fail={i: (503, {"Retry-After": "0.1"}) for i in range(1, 20)})
+    start_worker()
+    handle = await run_steps(client, task_queue, evidence, OpenAIChatAgent(model="m", base_url=llm.url))
+    job = await asyncio.wait_for(handle.wait(), 120)
+    (run,) = job.runs
+    assert (run.status, run.error_phase) == ("errored", "agent loop"), run
+    assert "503" in (run.error or "") and "scripted 503" in (run.error or "")
+    assert len(llm.requests) == 9 + 4
+    assert run.trace_ref is not None and "503" in (run.trace.steps[-1].error or "")
+    assert len(read_lines(evidence / "grades.log")) == 1
