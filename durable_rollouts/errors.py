@@ -14,8 +14,8 @@ Every error this package raises on purpose derives from :class:`DurableRolloutsE
     ├── SubstrateGoneError     the substrate behind an endpoint is gone: reprovision
     ├── ProviderError          a provider could not place or remove an environment
     ├── EnvError               the environment itself failed (hook raised, capability never came up)
-    ├── ModelAPIError          the model endpoint answered an error (retryable: 408/409/429/5xx/timeout)
-    ├── CheckpointError        an agent checkpoint could not be made durable (retryable infrastructure)
+    ├── ModelAPIError          the model endpoint failed (retryable: 408/409/429/5xx, timeouts)
+    ├── CheckpointError        an agent checkpoint could not be made durable (retryable)
     └── ReadyTimeoutError      the substrate never answered `hello` in time (also a TimeoutError)
 
 Activities map these to Temporal failures at one edge (``durable_rollouts.activities.failures``):

@@ -53,8 +53,8 @@ class AgentCheckpoints:
         checkpoint = inp.checkpoint
         if self.fence.attempt > 1:
             try:
-                checkpoint = await self.handle.execute_update(
-                    UPD_LATEST_CHECKPOINT, self.fence, result_type=Checkpoint | None)  # type: ignore[arg-type]
+                checkpoint = await self.handle.execute_update(  # type: ignore[call-overload]
+                    UPD_LATEST_CHECKPOINT, self.fence, result_type=Checkpoint | None)
             except WorkflowUpdateFailedError as exc:  # a superseded attempt: stop here
                 raise CheckpointError(f"cannot resume the agent: {_cause(exc)}") from exc
             except RPCError as exc:

@@ -122,7 +122,8 @@ class OpenAIChatAgent(Agent):
         if state is None:
             state = {"turn": 0, "malformed": 0, "calls": 0, "done": 0, "problems": []}
             if self.system_prompt:
-                run.trace.record(Step(source="system", messages=[messages[0]], ended_at=time.time()))
+                run.trace.record(Step(source="system", messages=[messages[0]],
+                                      ended_at=time.time()))
         else:  # resumed: the conversation is the checkpointed trace
             messages.extend(_conversation(run.trace.steps))
         run.trace.extra["tools"] = toolbox.specs  # what the model was offered, for training data
@@ -137,8 +138,8 @@ class OpenAIChatAgent(Agent):
 
     async def _loop(self, run: Run, http: httpx.AsyncClient, toolbox: _Toolbox,
                     messages: list[dict[str, Any]], state: dict[str, Any]) -> None:
-        """Turns until a final answer. ``state``: ``turn``, ``malformed`` (consecutive bad
-        turns), and mid-turn ``calls`` (tool calls of the current reply) / ``done`` / ``problems``."""
+        """Turns until a final answer. ``state``: ``turn``, ``malformed`` (consecutive bad turns)
+        and, mid-turn, ``calls`` (of the current reply), ``done`` and ``problems``."""
         trace = run.trace
         while state["turn"] < self.max_steps:
             if not state["calls"]:  # the model's move

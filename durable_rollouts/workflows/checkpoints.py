@@ -43,7 +43,8 @@ class CheckpointHandlers:
         steps.extend(checkpoint.steps)
         self._checkpoint = checkpoint.model_copy(update={"steps": steps, "first_step": 0})
         tool = f", last tool {checkpoint.last_tool}" if checkpoint.last_tool else ""
-        workflow.set_current_details(f"agent turn {checkpoint.turn}{tool} ({len(steps)} trace steps)")
+        workflow.set_current_details(
+            f"agent turn {checkpoint.turn}{tool} ({len(steps)} trace steps)")
         return len(steps)
 
     @checkpoint.validator
@@ -51,7 +52,8 @@ class CheckpointHandlers:
         self._check_fence(checkpoint.fence)
         have = len(self._checkpoint.steps) if self._checkpoint else 0
         if checkpoint.first_step > have:
-            raise ValueError(f"checkpoint starts at step {checkpoint.first_step}, only {have} are kept")
+            raise ValueError(
+                f"checkpoint starts at step {checkpoint.first_step}, only {have} are kept")
 
     @workflow.update(name=UPD_LATEST_CHECKPOINT)
     def latest_checkpoint(self, fence: CheckpointFence) -> Checkpoint | None:

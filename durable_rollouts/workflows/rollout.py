@@ -258,7 +258,7 @@ class Rollout(CheckpointHandlers):
         agent_input = AgentInput(endpoint=endpoint, session=session, task=inp.task, prompt=prompt,
                                  agent=inp.agent, rollout_id=inp.rollout_id, job_id=inp.job_id,
                                  group_id=inp.group_id)
-        self._checkpoint = None  # a new substrate (rollout attempt): earlier checkpoints do not apply
+        self._checkpoint = None  # a new substrate (rollout attempt): older checkpoints do not apply
         checkpoints = workflow.patched("agent-checkpoints")
         lost = 0
         while True:
