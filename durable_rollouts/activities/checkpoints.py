@@ -90,10 +90,17 @@ class AgentCheckpoints:
         self.progress.update(turn=checkpoint.turn, last_tool=checkpoint.last_tool)
         self.heartbeat()
 
+    def details(self) -> tuple[Any, ...]:
+        """Heartbeat details: the agent's progress once it has any (a checkpoint, a resume).
+
+        An agent that never checkpoints heartbeats without details, as before checkpoints
+        existed (heartbeats with details kept the in-process worker from exiting now and then)."""
+        return (self.progress,) if self.progress["turn"] is not None or len(self.progress) > 3 else ()
+
     def heartbeat(self) -> None:
         """Heartbeat with the agent's progress as details (shown by the Web UI)."""
         if not self._local:
-            activity.heartbeat(self.progress)
+            activity.heartbeat(*self.details())
 
 
 def _cause(exc: WorkflowUpdateFailedError) -> str:

@@ -10,7 +10,7 @@ from the provider's locality and this worker's queues.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -98,7 +98,8 @@ class RolloutActivities:
         return [self.provision, self.connect, self.start, self.agent, self.grade, self.verify,
                 self.teardown]
 
-    async def _beating(self, step: Awaitable[T], details: Any = None) -> T:
+    async def _beating(self, step: Awaitable[T],
+                       details: Callable[[], tuple[Any, ...]] | None = None) -> T:
         """Await ``step`` while heartbeating every ``beat_s`` (cancels it if we are cancelled)."""
         task = asyncio.ensure_future(step)
         try:
@@ -107,7 +108,7 @@ class RolloutActivities:
                 if done:
                     return task.result()
                 if not activity.info().is_local:
-                    activity.heartbeat(*([] if details is None else [details]))
+                    activity.heartbeat(*(details() if details is not None else ()))
         finally:
             if not task.done():
                 task.cancel()
@@ -146,13 +147,13 @@ class RolloutActivities:
             checkpoints = AgentCheckpoints(inp)
             # a retried attempt resumes from the last checkpoint; fetching it may wait for the
             # workflow's task to leave a dead worker's sticky queue: keep heartbeating meanwhile
-            inp = await self._beating(checkpoints.restore(inp), checkpoints.progress)
+            inp = await self._beating(checkpoints.restore(inp), checkpoints.details)
             info = activity.info()
             limit = info.retry_policy.maximum_attempts if info.retry_policy else 0
             result = await self._beating(
                 steps.run_agent(inp, heartbeat=checkpoints.heartbeat, trace_store=self.trace_store,
                                 checkpointer=checkpoints.save,
-                                last_attempt=0 < limit <= info.attempt), checkpoints.progress)
+                                last_attempt=0 < limit <= info.attempt), checkpoints.details)
         maybe_crash("after_agent")
         return result
 

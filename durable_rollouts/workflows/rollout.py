@@ -126,8 +126,6 @@ def _is_heartbeat_timeout(err: BaseException) -> bool:
 
 # Fresh schedules of the agent step after every attempt timed out on heartbeats (a lost worker).
 _AGENT_LOST_WORKER_ROUNDS = 3
-# Agent attempts with checkpoints: a retry resumes (model API errors, Retry-After, lost workers).
-_AGENT_ATTEMPTS = 10
 
 
 def _message(err: BaseException) -> str:
@@ -259,15 +257,14 @@ class Rollout(CheckpointHandlers):
                                  agent=inp.agent, rollout_id=inp.rollout_id, job_id=inp.job_id,
                                  group_id=inp.group_id)
         self._checkpoint = None  # a new substrate (rollout attempt): older checkpoints do not apply
-        checkpoints = workflow.patched("agent-checkpoints")
         lost = 0
         while True:
-            if checkpoints:  # a fresh schedule resumes from the latest checkpoint, fenced anew
-                agent_input = agent_input.model_copy(update={
-                    "schedule": self._fresh_agent_schedule(), "checkpoint": self._checkpoint})
+            # Each schedule fences off the earlier ones and starts from the latest checkpoint. Only
+            # the input changes (same activity, same id): no new command, so no patch is needed.
+            agent_input = agent_input.model_copy(update={
+                "schedule": self._fresh_agent_schedule(), "checkpoint": self._checkpoint})
             try:
-                return await self._step(ACT_AGENT, agent_input, AgentResult, endpoint,
-                                        attempts=_AGENT_ATTEMPTS if checkpoints else None)
+                return await self._step(ACT_AGENT, agent_input, AgentResult, endpoint)
             except STEP_FAILURES as err:
                 if is_substrate_gone(err) or _is_cancelled(err):
                     raise
@@ -319,9 +316,8 @@ class Rollout(CheckpointHandlers):
     # -- activity plumbing ---------------------------------------------------------------------
 
     async def _step(self, name: str, arg: Any, result_type: type | None, endpoint: Endpoint | None,
-                    allow_local: bool = True, attempts: int | None = None) -> Any:
-        start_to_close, heartbeat, default_attempts = _OPTIONS[name]
-        attempts = attempts or default_attempts
+                    allow_local: bool = True) -> Any:
+        start_to_close, heartbeat, attempts = _OPTIONS[name]
         if name == ACT_AGENT and self._timeout_s:
             start_to_close = timedelta(seconds=self._timeout_s + 60)
         own_queue = self._queue  # from the input, not workflow.info(): replays run elsewhere
