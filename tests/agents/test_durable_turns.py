@@ -198,7 +198,7 @@ async def _progress(client: Any, rollout: Any) -> tuple[str, dict[str, Any]]:
 async def test_a_model_that_keeps_failing_ends_the_agent_after_the_last_attempt_with_its_trace(
         client, task_queue, start_worker, model, evidence: Path) -> None:
     """Every request answers 503 (``Retry-After: 0.1``): Temporal retries the step up to its
-    attempt limit (10); the last attempt retries in-process 3 times, then records the failure, so
+    attempt limit (5); the last attempt retries in-process 3 times, then records the failure, so
     the rollout is graded ``errored`` with the server's message and its trace is kept."""
     llm = await model(fail={i: (503, {"Retry-After": "0.1"}) for i in range(1, 20)})
     start_worker()
