@@ -6,7 +6,7 @@
 Starts its own dev server (the Temporal tests' ``DevServer`` on a temporary sqlite file) and runs
 the cells round-robin, ``--parallel`` at a time, each with its own ROLLOUTS_HOME, task queue and
 worker processes. One cell run = one injected fault; details vary per run (``variant``: which
-message the cut hits, ...). Prints the matrix cell x {runs, lost, double-graded, leaked, wrong
+message the cut hits, which checkpointed turn ``kill_mid_turn`` kills after, ...). Prints the matrix cell x {runs, lost, double-graded, leaked, wrong
 reward} and the wall time; exits 1 when any cell lost, double-graded, leaked or got a wrong
 reward. ``--max-seconds`` stops early (the figures say how many faults actually ran).
 """

@@ -14,11 +14,14 @@ Every error this package raises on purpose derives from :class:`DurableRolloutsE
     ├── SubstrateGoneError     the substrate behind an endpoint is gone: reprovision
     ├── ProviderError          a provider could not place or remove an environment
     ├── EnvError               the environment itself failed (hook raised, capability never came up)
+    ├── ModelAPIError          the model endpoint failed (retryable: 408/409/429/5xx, timeouts)
+    ├── CheckpointError        an agent checkpoint could not be made durable (retryable)
     └── ReadyTimeoutError      the substrate never answered `hello` in time (also a TimeoutError)
 
 Activities map these to Temporal failures at one edge (``durable_rollouts.activities.failures``):
 ``ConfigError`` becomes a non-retryable ``ApplicationError``, ``SubstrateGoneError`` a typed one the
-``Rollout`` workflow reacts to by reprovisioning, everything else is retried with backoff.
+``Rollout`` workflow reacts to by reprovisioning, ``ModelAPIError`` a typed one retried after the
+server's ``Retry-After`` (or never, for a refused request), everything else is retried with backoff.
 
 This module imports nothing from the rest of the package.
 """
@@ -26,11 +29,13 @@ This module imports nothing from the rest of the package.
 from __future__ import annotations
 
 __all__ = [
+    "CheckpointError",
     "ConfigError",
     "ConnectionLostError",
     "DurableRolloutsError",
     "EnvError",
     "InvalidStateError",
+    "ModelAPIError",
     "ProtocolError",
     "ProviderError",
     "ReadyTimeoutError",
@@ -101,6 +106,32 @@ class ProviderError(DurableRolloutsError):
 
 class EnvError(DurableRolloutsError):
     """The environment failed on its own side (a hook raised, a capability never came up)."""
+
+
+class ModelAPIError(DurableRolloutsError):
+    """The model endpoint failed a request.
+
+    Args:
+        message: what the server said (never the request headers: no API key in here).
+        retryable: True for 408/409/429/5xx and timeouts (the agent step is retried and resumes
+            from its last checkpoint); False for 400/401/403/404 (retrying cannot help).
+        retry_after_s: the server's ``Retry-After``, when it sent one.
+        status: the HTTP status, or None for a transport failure / timeout.
+    """
+
+    def __init__(self, message: str, *, retryable: bool, retry_after_s: float | None = None,
+                 status: int | None = None) -> None:
+        super().__init__(message)
+        self.retryable = retryable
+        self.retry_after_s = retry_after_s
+        self.status = status
+
+
+class CheckpointError(DurableRolloutsError):
+    """``Run.checkpoint`` could not be made durable (the workflow refused it or is unreachable).
+
+    Not the agent's failure: the agent step fails and is retried from the last checkpoint (a
+    superseded, zombie attempt stops here)."""
 
 
 class ReadyTimeoutError(DurableRolloutsError, TimeoutError):

@@ -25,6 +25,8 @@ __all__ = [
     "VerifierSession",
     "VerifyInput",
     "AgentSpec",
+    "Checkpoint",
+    "CheckpointFence",
     "ERROR_STATUSES",
     "RETRYABLE_STATUSES",
     "Endpoint",
@@ -352,6 +354,34 @@ class StartInput(_Model):
     task: Task
 
 
+class CheckpointFence(_Model):
+    """Which agent activity wrote (or asks for) a checkpoint: the workflow's schedule number of
+    the agent step and Temporal's attempt number. A lower fence than the newest seen is a zombie."""
+
+    schedule: int = 0
+    attempt: int = 1
+
+    def key(self) -> tuple[int, int]:
+        return (self.schedule, self.attempt)
+
+
+class Checkpoint(_Model):
+    """A durable snapshot of an agent mid-run (``Run.checkpoint``): its JSON-able ``state`` plus
+    the trace steps recorded so far.
+
+    Sent to the ``Rollout`` workflow as a delta: ``steps`` are the trace steps from index
+    ``first_step`` on (the earlier ones are already durable). ``latest_checkpoint`` answers with
+    every step (``first_step == 0``). ``turn`` / ``last_tool`` are for progress displays.
+    """
+
+    state: Any = None
+    steps: list[Step] = Field(default_factory=list)
+    first_step: int = 0
+    fence: CheckpointFence = Field(default_factory=CheckpointFence)
+    turn: int | None = None
+    last_tool: str | None = None
+
+
 class AgentInput(_Model):
     endpoint: Endpoint
     session: Session
@@ -362,6 +392,8 @@ class AgentInput(_Model):
     job_id: str = ""
     group_id: str = ""
     timeout_s: float | None = None
+    checkpoint: Checkpoint | None = None  # the latest checkpoint, when the step is scheduled anew
+    schedule: int = 0  # which schedule of the agent step this is (checkpoint fencing)
 
 
 class GradeInput(_Model):

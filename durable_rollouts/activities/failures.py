@@ -3,6 +3,10 @@
 - ``ConfigError`` (a user mistake) -> non-retryable ``ApplicationError(type="ConfigError")``;
 - ``SubstrateGoneError`` -> non-retryable ``ApplicationError(type="SubstrateGone")``: retrying the
   same step cannot help, the ``Rollout`` workflow reacts by reprovisioning;
+- ``ModelAPIError`` -> ``ApplicationError(type="ModelAPIError")``: retryable ones (408/409/429/5xx,
+  timeouts) with ``next_retry_delay`` = the server's ``Retry-After``, the rest non-retryable with
+  the server's message;
+- ``CheckpointError`` -> a retryable ``ApplicationError(type="CheckpointError")``;
 - anything else is re-raised unchanged and retried with backoff (infrastructure).
 
 Imports only temporalio, ``durable_rollouts.errors`` and the error type names of ``workflows.types``.
@@ -12,16 +16,19 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from datetime import timedelta
 
 from temporalio.exceptions import ApplicationError
 
-from durable_rollouts.errors import ConfigError, SubstrateGoneError
+from durable_rollouts.errors import CheckpointError, ConfigError, ModelAPIError, SubstrateGoneError
 from durable_rollouts.workflows.types import ERR_CONFIG, ERR_SUBSTRATE_GONE
 
-__all__ = ["CONFIG_ERROR", "SUBSTRATE_GONE", "map_errors"]
+__all__ = ["CHECKPOINT_ERROR", "CONFIG_ERROR", "MODEL_API_ERROR", "SUBSTRATE_GONE", "map_errors"]
 
 CONFIG_ERROR = ERR_CONFIG
 SUBSTRATE_GONE = ERR_SUBSTRATE_GONE
+MODEL_API_ERROR = "ModelAPIError"
+CHECKPOINT_ERROR = "CheckpointError"
 
 
 @contextmanager
@@ -35,3 +42,10 @@ def map_errors() -> Iterator[None]:
     except SubstrateGoneError as err:
         raise ApplicationError(str(err) or "substrate gone", type=SUBSTRATE_GONE,
                                non_retryable=True) from err
+    except ModelAPIError as err:
+        delay = (timedelta(seconds=err.retry_after_s)
+                 if err.retryable and err.retry_after_s is not None else None)
+        raise ApplicationError(str(err), {"status": err.status}, type=MODEL_API_ERROR,
+                               non_retryable=not err.retryable, next_retry_delay=delay) from err
+    except CheckpointError as err:
+        raise ApplicationError(str(err), type=CHECKPOINT_ERROR) from err

@@ -10,12 +10,13 @@ from the provider's locality and this worker's queues.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from temporalio import activity
 
+from durable_rollouts.activities.checkpoints import AgentCheckpoints
 from durable_rollouts.activities.failures import map_errors
 from durable_rollouts.models import (
     AgentInput,
@@ -107,18 +108,19 @@ class RolloutActivities:
         return [self.provision, self.connect, self.start, self.agent, self.grade, self.verify,
                 self.teardown, self.verify_open, self.verify_close]
 
-    async def _beating(self, step: Awaitable[T]) -> T:
+    async def _beating(self, step: Awaitable[T],
+                       details: Callable[[], tuple[Any, ...]] | None = None) -> T:
         """Await ``step`` while heartbeating every ``beat_s`` (cancels it if we are cancelled)."""
         if activity.info().is_local:  # local activities do not heartbeat: no beat task at all
             return await step
         task = asyncio.ensure_future(step)
         try:
-            activity.heartbeat()
+            activity.heartbeat(*(details() if details is not None else ()))
             while True:
                 done, _ = await asyncio.wait({task}, timeout=self.beat_s)
                 if done:
                     return task.result()
-                activity.heartbeat()
+                activity.heartbeat(*(details() if details is not None else ()))
         finally:
             if not task.done():
                 task.cancel()
@@ -151,8 +153,16 @@ class RolloutActivities:
     @activity.defn(name=ACT_AGENT)
     async def agent(self, inp: AgentInput) -> AgentResult:
         with map_errors():
-            # _beating is the one heartbeat source (steps' own beat would double the beats).
-            result = await self._beating(steps.run_agent(inp, trace_store=self.trace_store))
+            checkpoints = AgentCheckpoints(inp)
+            # a retried attempt resumes from the last checkpoint; fetching it may wait for the
+            # workflow's task to leave a dead worker's sticky queue: keep heartbeating meanwhile
+            inp = await self._beating(checkpoints.restore(inp), checkpoints.details)
+            info = activity.info()
+            limit = info.retry_policy.maximum_attempts if info.retry_policy else 0
+            result = await self._beating(
+                steps.run_agent(inp, heartbeat=checkpoints.heartbeat, trace_store=self.trace_store,
+                                checkpointer=checkpoints.save,
+                                last_attempt=0 < limit <= info.attempt), checkpoints.details)
         return result
 
     @activity.defn(name=ACT_GRADE)

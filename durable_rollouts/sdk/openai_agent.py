@@ -9,6 +9,17 @@ model turn and every tool result is recorded as a trace :class:`~durable_rollout
 ``run.trace.content``), at ``max_steps`` (``stop_reason="max_steps"``) or after a malformed tool
 call the model failed to repair once (``stop_reason="malformed_tool_call"``).
 
+Durable turns (``checkpoints="step"``, the default): the agent calls ``run.checkpoint`` after
+every model reply that calls tools and after every tool result, so a retried agent step (its
+worker died, or the model API failed transiently) resumes from the conversation in the
+checkpointed trace. It repeats at most the model request that was in flight, and never a tool
+call whose result was checkpointed; a tool call that ran but was not yet checkpointed when the
+worker died runs again (tool calls are at-least-once). ``"turn"`` checkpoints once per turn (after
+its tool results: fewer history events, a crash may repeat one reply and its calls); ``"off"``
+never checkpoints (a retried step starts over). Model API failures raise ``ModelAPIError``:
+retryable for 408/409/429/5xx and transport errors/timeouts (the retry waits ``Retry-After``),
+final for the rest (400/401/403/404) with the server's message.
+
 The API key is read on the worker from the environment variable named by ``api_key_env``: it is
 never a field, so it never reaches configs, workflow inputs or traces. Imports models, errors,
 agents and capabilities; never envserver or Temporal.
@@ -16,17 +27,18 @@ agents and capabilities; never envserver or Temporal.
 
 from __future__ import annotations
 
+import email.utils
 import json
 import logging
 import os
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import httpx
 from pydantic import Field
 
-from ..errors import ConfigError
+from ..errors import ConfigError, ModelAPIError
 from ..models import Step
 from .agents import Agent
 from .capabilities import close_capability, open_capability, protocol_family
@@ -53,19 +65,6 @@ _SHELL_TOOL = {
     },
 }
 _RETRY_STATUS = {408, 409, 429, 500, 502, 503, 504}
-
-
-class _StatusError(RuntimeError):
-    """The model server answered an HTTP error status."""
-
-    def __init__(self, status: int, text: str) -> None:
-        super().__init__(f"chat completions answered {status}: {text[:500]}")
-        self.status = status
-
-
-def _transient(exc: Exception) -> bool:
-    return isinstance(exc, httpx.TransportError) or (
-        isinstance(exc, _StatusError) and exc.status in _RETRY_STATUS)
 
 
 class MalformedToolCall(Exception):
@@ -106,6 +105,7 @@ class OpenAIChatAgent(Agent):
     request_timeout_s: float = Field(default=120.0, gt=0)
     max_output_chars: int = Field(default=8000, gt=0)
     extra_body: dict[str, Any] = Field(default_factory=dict)
+    checkpoints: Literal["step", "turn", "off"] = "step"
 
     async def __call__(self, run: Run) -> None:
         if run.client is None:
@@ -118,87 +118,123 @@ class OpenAIChatAgent(Agent):
         messages: list[dict[str, Any]] = []
         if self.system_prompt:
             messages.append({"role": "system", "content": self.system_prompt})
-            run.trace.record(Step(source="system", messages=[messages[0]], ended_at=time.time()))
         messages.append({"role": "user", "content": run.prompt_text})
+        state = run.restored_state
+        if state is None:
+            state = {"turn": 0, "malformed": 0, "calls": 0, "done": 0, "problems": []}
+            if self.system_prompt:
+                run.trace.record(Step(source="system", messages=[messages[0]],
+                                      ended_at=time.time()))
+        else:  # resumed: the conversation is the checkpointed trace
+            messages.extend(_conversation(run.trace.steps))
         run.trace.extra["tools"] = toolbox.specs  # what the model was offered, for training data
         try:
             async with httpx.AsyncClient(base_url=self.base_url.rstrip("/") + "/", headers=headers,
                                          timeout=self.request_timeout_s) as http:
-                await self._loop(run, http, toolbox, messages)
+                await self._loop(run, http, toolbox, messages, dict(state))
         finally:
             await toolbox.close()
 
     # -- the loop ------------------------------------------------------------------------------
 
     async def _loop(self, run: Run, http: httpx.AsyncClient, toolbox: _Toolbox,
-                    messages: list[dict[str, Any]]) -> None:
+                    messages: list[dict[str, Any]], state: dict[str, Any]) -> None:
+        """Turns until a final answer. ``state``: ``turn``, ``malformed`` (consecutive bad turns)
+        and, mid-turn, ``calls`` (of the current reply), ``done`` and ``problems``."""
         trace = run.trace
-        malformed = 0
-        for _ in range(self.max_steps):
-            started = time.time()
-            reply = await self._complete(http, messages, toolbox.specs)
-            choice = (reply.get("choices") or [{}])[0]
-            message = dict(choice.get("message") or {})
-            message.setdefault("role", "assistant")
-            assistant = {k: v for k, v in message.items() if k in ("role", "content", "tool_calls")}
-            messages.append(assistant)
-            extra: dict[str, Any] = {"usage": reply.get("usage"), "model": reply.get("model"),
-                                     "finish_reason": choice.get("finish_reason")}
-            if self.request_logprobs:
-                extra["logprobs"] = choice.get("logprobs")
-                for key in ("token_ids", "prompt_token_ids"):
-                    if key in choice or key in reply:
-                        extra[key] = choice.get(key, reply.get(key))
-            trace.record(Step(source="agent", messages=[assistant], started_at=started,
-                              ended_at=time.time(), extra=extra))
-            calls = message.get("tool_calls") or []
-            if not calls:
-                trace.content = _text(message.get("content"))
-                trace.stop_reason = "length" if choice.get("finish_reason") == "length" else "done"
-                return
-            problems = await self._run_calls(trace, toolbox, calls, messages)
-            if problems:
-                malformed += 1
-                if malformed >= 2:
-                    trace.stop_reason = "malformed_tool_call"
-                    trace.content = _text(message.get("content")) or None
+        while state["turn"] < self.max_steps:
+            if not state["calls"]:  # the model's move
+                message, finish = await self._reply(trace, http, toolbox, messages)
+                calls = message.get("tool_calls") or []
+                if not calls:
+                    trace.content = _text(message.get("content"))
+                    trace.stop_reason = "length" if finish == "length" else "done"
                     return
-                messages.append({"role": "user", "content": (
+                state.update(calls=len(calls), done=0, problems=[])
+                await self._save(run, state, "step")  # the reply is durable: never requested again
+            calls = next(m for m in reversed(messages) if m["role"] == "assistant")["tool_calls"]
+            while state["done"] < state["calls"]:
+                problem = await self._run_call(trace, toolbox, calls[state["done"]], messages)
+                state["problems"] += [problem] if problem else []
+                state["done"] += 1
+                if state["done"] < state["calls"]:
+                    await self._save(run, state, "step")
+            problems, state["calls"], state["done"], state["problems"] = state["problems"], 0, 0, []
+            if problems:
+                state["malformed"] += 1
+                if state["malformed"] >= 2:
+                    last = next(m for m in reversed(messages) if m["role"] == "assistant")
+                    trace.stop_reason = "malformed_tool_call"
+                    trace.content = _text(last.get("content")) or None
+                    return
+                repair = {"role": "user", "content": (
                     "Your previous tool call was malformed (" + "; ".join(problems) + "). "
-                    "Call a listed tool with a JSON object of arguments matching its schema.")})
+                    "Call a listed tool with a JSON object of arguments matching its schema.")}
+                messages.append(repair)
+                trace.record(Step(source="user", messages=[repair], ended_at=time.time(),
+                                  extra={"repair": True}))
             else:
-                malformed = 0
+                state["malformed"] = 0
+            state["turn"] += 1
+            await self._save(run, state, "turn")
         trace.stop_reason = "max_steps"
 
-    async def _run_calls(self, trace: Any, toolbox: _Toolbox, calls: list[dict[str, Any]],
-                         messages: list[dict[str, Any]]) -> list[str]:
-        problems: list[str] = []
-        for call in calls:
-            call_id = str(call.get("id") or f"call_{len(messages)}")
-            function = call.get("function") or {}
-            name = str(function.get("name") or "")
-            started = time.time()
-            arguments: dict[str, Any] = {}
-            error: str | None = None
-            try:
-                arguments = _parse_arguments(name, function.get("arguments"), toolbox)
-                result = await self._call_tool(toolbox, name, arguments)
-            except MalformedToolCall as exc:
-                problems.append(str(exc))
-                error = f"malformed tool call: {exc}"
-                result = error
-            except Exception as exc:  # a tool failure is the model's problem to handle
-                error = f"{type(exc).__name__}: {exc}"
-                result = f"tool {name!r} failed: {error}"
-            tool_message = {"role": "tool", "tool_call_id": call_id, "content": result}
-            messages.append(tool_message)
-            trace.record(Step(source="tool", messages=[tool_message], error=error,
-                              started_at=started, ended_at=time.time(),
-                              extra={"tool": name, "arguments": arguments}))
-        return problems
+    async def _save(self, run: Run, state: dict[str, Any], level: str) -> None:
+        if self.checkpoints == "step" or (self.checkpoints == "turn" and level == "turn"):
+            await run.checkpoint(state)
+
+    async def _reply(self, trace: Any, http: httpx.AsyncClient, toolbox: _Toolbox,
+                     messages: list[dict[str, Any]]) -> tuple[dict[str, Any], Any]:
+        """One model request; records the reply as an agent step and appends it to ``messages``."""
+        started = time.time()
+        reply = await self._complete(http, messages, toolbox.specs)
+        choice = (reply.get("choices") or [{}])[0]
+        message = dict(choice.get("message") or {})
+        message.setdefault("role", "assistant")
+        assistant = {k: v for k, v in message.items() if k in ("role", "content", "tool_calls")}
+        messages.append(assistant)
+        extra: dict[str, Any] = {"usage": reply.get("usage"), "model": reply.get("model"),
+                                 "finish_reason": choice.get("finish_reason")}
+        if self.request_logprobs:
+            extra["logprobs"] = choice.get("logprobs")
+            for key in ("token_ids", "prompt_token_ids"):
+                if key in choice or key in reply:
+                    extra[key] = choice.get(key, reply.get(key))
+        trace.record(Step(source="agent", messages=[assistant], started_at=started,
+                          ended_at=time.time(), extra=extra))
+        return message, choice.get("finish_reason")
+
+    async def _run_call(self, trace: Any, toolbox: _Toolbox, call: dict[str, Any],
+                        messages: list[dict[str, Any]]) -> str | None:
+        """Run one tool call, record it; returns the problem when the call was malformed."""
+        call_id = str(call.get("id") or f"call_{len(messages)}")
+        function = call.get("function") or {}
+        name = str(function.get("name") or "")
+        started = time.time()
+        arguments: dict[str, Any] = {}
+        error: str | None = None
+        problem: str | None = None
+        try:
+            arguments = _parse_arguments(name, function.get("arguments"), toolbox)
+            result = await self._call_tool(toolbox, name, arguments)
+        except MalformedToolCall as exc:
+            problem = str(exc)
+            error = f"malformed tool call: {exc}"
+            result = error
+        except Exception as exc:  # a tool failure is the model's problem to handle
+            error = f"{type(exc).__name__}: {exc}"
+            result = f"tool {name!r} failed: {error}"
+        tool_message = {"role": "tool", "tool_call_id": call_id, "content": result}
+        messages.append(tool_message)
+        trace.record(Step(source="tool", messages=[tool_message], error=error,
+                          started_at=started, ended_at=time.time(),
+                          extra={"tool": name, "arguments": arguments}))
+        return problem
 
     async def _complete(self, http: httpx.AsyncClient, messages: list[dict[str, Any]],
                         tools: list[dict[str, Any]]) -> dict[str, Any]:
+        """One chat-completions request. Failures raise :class:`ModelAPIError` (no retry loop
+        here: the agent step is retried and resumes from its last checkpoint)."""
         body: dict[str, Any] = {"model": self.model, "messages": messages, **self.extra_body}
         if tools:
             body["tools"] = tools
@@ -209,14 +245,17 @@ class OpenAIChatAgent(Agent):
         if self.request_logprobs:
             body.setdefault("logprobs", True)
             body.setdefault("return_token_ids", True)  # vLLM / SGLang; ignored elsewhere
-
-        async def post() -> dict[str, Any]:
+        try:
             response = await http.post("chat/completions", json=body)
-            if response.status_code >= 400:
-                raise _StatusError(response.status_code, response.text)
+        except httpx.TransportError as exc:  # includes timeouts
+            raise ModelAPIError(f"chat completions request failed: {type(exc).__name__}: {exc}",
+                                retryable=True) from None
+        if response.status_code < 400:
             return dict(response.json())
-
-        return await retry(post, attempts=4, first_delay_s=1.0, transient=_transient)
+        status = response.status_code
+        raise ModelAPIError(f"chat completions answered {status}: {response.text[:500]}",
+                            retryable=status in _RETRY_STATUS or status >= 500, status=status,
+                            retry_after_s=_retry_after(response.headers.get("retry-after")))
 
     # -- tools ---------------------------------------------------------------------------------
 
@@ -282,6 +321,31 @@ def _parse_arguments(name: str, raw: Any, toolbox: _Toolbox) -> dict[str, Any]:
     if is_shell and not isinstance(arguments.get("command"), str):
         raise MalformedToolCall("shell needs a string 'command'")
     return arguments
+
+
+def _conversation(steps: list[Step]) -> list[dict[str, Any]]:
+    """The messages after the prompt, rebuilt from a checkpointed trace: every reply, tool
+    result and repair request, in order (the system/user prompt steps are rebuilt by the agent)."""
+    out: list[dict[str, Any]] = []
+    for step in steps:
+        if step.source in ("agent", "tool") or (step.source == "user" and step.extra.get("repair")):
+            out.extend(step.messages)
+    return out
+
+
+def _retry_after(value: str | None) -> float | None:
+    """``Retry-After`` in seconds: a number, or an HTTP date."""
+    if not value:
+        return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    return max(0.0, when.timestamp() - time.time())
 
 
 def _text(content: Any) -> str:

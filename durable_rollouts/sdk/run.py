@@ -1,18 +1,20 @@
 """``Run``: what an agent receives while it works, and what a ``Job`` keeps afterwards.
 
-During the agent step a Run carries the live control-channel client; once the rollout is over
-the same object holds the grade, status and trace. Imports models only (the client type is for
-type checking).
+During the agent step a Run carries the live control-channel client and the checkpoint hook
+(``await run.checkpoint(state)``, ``run.restored_state``); once the rollout is over the same object
+holds the grade, status and trace. Imports models and errors only (the client type is for type
+checking); the durable checkpointer is injected by the activity, so this stays Temporal-free.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from ..errors import InvalidStateError
-from ..models import Grade, RetryAttempt, RolloutResult, Task, Trace, TraceRef
+from ..errors import ConfigError, InvalidStateError
+from ..models import Checkpoint, Grade, RetryAttempt, RolloutResult, Task, Trace, TraceRef
 
 if TYPE_CHECKING:
     from .client import EnvClient
@@ -35,6 +37,8 @@ class Run:
         retries: fresh re-runs the batch gave it (``retry_history``: the earlier outcomes).
         dropped: its group had an unrecovered error under ``on_error="drop_group"``: it is
             exported with ``dropped: true`` and left out of every statistic.
+        restored_state: the state of the last :meth:`checkpoint` of an earlier attempt of this
+            agent step (its trace steps are already back in ``trace``); None on a first attempt.
     """
 
     task: Task | None = None
@@ -57,7 +61,52 @@ class Run:
     retries: int = 0
     retry_history: list[RetryAttempt] = field(default_factory=list)
     dropped: bool = False
+    restored_state: Any = None
+    checkpoints: int = 0
     _opened: dict[str, Any] = field(default_factory=dict, repr=False)
+    # Makes a checkpoint durable (the agent activity sends a workflow update); None = local only.
+    _checkpointer: Callable[[Checkpoint], Awaitable[None]] | None = field(default=None, repr=False)
+    _durable_steps: int = field(default=0, repr=False)  # trace steps already in a checkpoint
+    _last_state: Any = field(default=None, repr=False)
+
+    async def checkpoint(self, state: Any) -> None:
+        """Make ``state`` (JSON-able) and the trace steps recorded so far durable.
+
+        Returns once durable: on the durable path a worker killed right after this returns loses
+        nothing; the retried agent step gets ``state`` back as :attr:`restored_state` and its
+        trace with these steps. Work done after the last checkpoint (a model request, a tool
+        call) may run again: it is at-least-once. Trace steps are final once checkpointed.
+        Without a durable checkpointer (the direct executor) the checkpoint is kept in memory.
+        """
+        try:
+            snapshot = json.loads(json.dumps(state))
+        except (TypeError, ValueError) as exc:
+            raise ConfigError(f"checkpoint state must be JSON-serializable: {exc}") from exc
+        steps = self.trace.steps[self._durable_steps:]
+        last_tool = next((s.extra.get("tool") for s in reversed(self.trace.steps)
+                          if s.source == "tool" and s.extra.get("tool")), None)
+        turn = snapshot.get("turn") if isinstance(snapshot, dict) else None
+        if self._checkpointer is not None:
+            await self._checkpointer(Checkpoint(
+                state=snapshot, steps=[s.model_copy(deep=True) for s in steps],
+                first_step=self._durable_steps, turn=turn if isinstance(turn, int) else None,
+                last_tool=str(last_tool) if last_tool else None))
+        self._durable_steps = len(self.trace.steps)
+        self._last_state = snapshot
+        self.checkpoints += 1
+
+    def _rewind(self, base: int) -> None:
+        """Drop what came after the last checkpoint (or after the first ``base`` steps)."""
+        del self.trace.steps[max(base, self._durable_steps):]
+        self.restored_state = self._last_state
+
+    def restore(self, checkpoint: Checkpoint | None) -> None:
+        """Resume from ``checkpoint``: its steps become the trace, its state ``restored_state``."""
+        if checkpoint is None:
+            return
+        self.trace.steps = [s.model_copy(deep=True) for s in checkpoint.steps]
+        self._durable_steps = len(self.trace.steps)
+        self.restored_state = self._last_state = checkpoint.state
 
     async def open(self, name: str) -> Any:
         """Open capability ``name`` (an asyncssh connection for ssh, a fastmcp Client for mcp).

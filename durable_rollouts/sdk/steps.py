@@ -16,7 +16,7 @@ import contextlib
 import json
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -31,6 +31,7 @@ from ..errors import (
 from ..models import (
     AgentInput,
     AgentResult,
+    Checkpoint,
     ConnectInput,
     Endpoint,
     Grade,
@@ -47,6 +48,7 @@ from ..models import (
     VerifyInput,
 )
 from ..protocol import ErrorCode
+from .agent_call import call_agent
 from .agents import Agent, load_agent
 from .client import EnvClient, parse_url
 from .client import connect as _open
@@ -192,15 +194,23 @@ async def start(inp: StartInput) -> dict[str, Any]:
         await client.close()
 
 
+Checkpointer = Callable[[Checkpoint], Awaitable[None]]
+
+
 async def run_agent(inp: AgentInput, *, heartbeat: Callable[[], None] | None = None,
-                    trace_store: TraceStore | None = None) -> AgentResult:
-    """Rebuild the agent, let it work on the session, store its trace.
+                    trace_store: TraceStore | None = None,
+                    checkpointer: Checkpointer | None = None,
+                    last_attempt: bool = False) -> AgentResult:
+    """Rebuild the agent, let it work on the session (from ``inp.checkpoint``), store its trace.
 
     Agent failures and timeouts do not raise: they are recorded in the trace and the result
-    (so the rollout is still graded). Infrastructure failures (substrate gone) do raise.
+    (so the rollout is still graded). Infrastructure failures (substrate gone, a retryable model
+    API error on the durable path, a checkpoint that could not be made durable) do raise; on
+    the ``last_attempt`` a model API error is retried in-process, then recorded (trace kept).
     """
     agent = load_agent(inp.agent)
-    trace = await execute_agent(agent, inp, heartbeat=heartbeat)
+    trace = await execute_agent(agent, inp, heartbeat=heartbeat, checkpointer=checkpointer,
+                                last_attempt=last_attempt)
     return await astore_result(trace, trace_store)
 
 
@@ -221,27 +231,31 @@ def _agent_result(trace: Trace, ref: TraceRef) -> AgentResult:
 
 
 async def execute_agent(agent: Agent, inp: AgentInput, *,
-                        heartbeat: Callable[[], None] | None = None) -> Trace:
-    """Run an agent object on the session under ``inp.timeout_s``; returns its trace."""
+                        heartbeat: Callable[[], None] | None = None,
+                        checkpointer: Checkpointer | None = None,
+                        last_attempt: bool = False) -> Trace:
+    """Run an agent object on the session under ``inp.timeout_s``; returns its trace.
+
+    With ``inp.checkpoint`` the run resumes: the trace is the checkpointed one and the agent
+    finds its state in ``run.restored_state``. ``checkpointer`` makes ``run.checkpoint`` durable.
+    """
     client = await _resume(inp.endpoint, inp.session)
     trace = Trace(trace_id=inp.rollout_id)
-    trace.record(Step(source="user", messages=[{"role": "user", "content": inp.prompt.get("prompt", inp.prompt)}],
-                      task_call=TaskCall(phase="setup", name=inp.task.id, arguments=inp.task.args,
-                                         result=inp.prompt), ended_at=time.time()))
     run = Run(task=inp.task, prompt=inp.prompt, bindings=list(client.bindings), client=client,
-              trace=trace, job_id=inp.job_id, group_id=inp.group_id, rollout_id=inp.rollout_id)
+              trace=trace, job_id=inp.job_id, group_id=inp.group_id, rollout_id=inp.rollout_id,
+              _checkpointer=checkpointer)
+    if inp.checkpoint is not None:
+        run.restore(inp.checkpoint)
+        trace.extra["resumed_at_step"] = len(trace.steps)
+    else:
+        trace.record(Step(source="user", messages=[{"role": "user", "content": inp.prompt.get("prompt", inp.prompt)}],
+                          task_call=TaskCall(phase="setup", name=inp.task.id, arguments=inp.task.args,
+                                             result=inp.prompt), ended_at=time.time()))
     beat = asyncio.create_task(_beat(heartbeat)) if heartbeat is not None else None
     timeout = inp.timeout_s if inp.timeout_s is not None else agent.timeout_s
     try:
         async with asyncio.timeout(timeout) as scope:
-            try:
-                await agent(run)
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:  # the agent's own failure: recorded, still graded
-                trace.status = "error"
-                trace.stop_reason = "error"
-                trace.record(Step(source="system", error=f"{type(exc).__name__}: {exc}", ended_at=time.time()))
+            await call_agent(agent, run, durable=checkpointer is not None and not last_attempt)
     except TimeoutError:
         if not scope.expired():
             raise

@@ -6,6 +6,11 @@ workflow: they come back as a ``RolloutResult`` with ``status`` and ``error_phas
 can count them. A ``SubstrateGone`` failure (connection refused, unknown session, a host queue
 nobody polls any more) tears the old substrate down and starts a new rollout attempt, up to
 ``max_attempts``; every attempt's error is recorded. Teardown always runs, also on cancel.
+
+Durable agent turns: the agent activity records checkpoints with the ``checkpoint`` update (kept
+in memory, so rebuilt on replay from the update events); a retried attempt fetches the latest one
+with ``latest_checkpoint``, and a fresh schedule of the agent step gets it in its input. Updates
+from a superseded (zombie) attempt are rejected by the validators (``CheckpointFence``).
 """
 
 from __future__ import annotations
@@ -56,6 +61,7 @@ with workflow.unsafe.imports_passed_through():
         NON_RETRYABLE,
         RolloutInput,
     )
+    from durable_rollouts.workflows.checkpoints import CheckpointHandlers
 
 __all__ = ["Rollout", "is_substrate_gone"]
 
@@ -162,7 +168,7 @@ class _SubstrateGone(Exception):
 
 
 @workflow.defn(name="Rollout")
-class Rollout:
+class Rollout(CheckpointHandlers):
     """One rollout of one task with one agent on one substrate."""
 
     def __init__(self) -> None:
@@ -172,6 +178,7 @@ class Rollout:
         self._timeout_s: float | None = None
         self._local_steps = False
         self._queue = ""
+        self._init_checkpoints()
 
     def _enter(self, phase: str) -> str:
         self._phase = self._last_phase = phase
@@ -282,8 +289,13 @@ class Rollout:
         agent_input = AgentInput(endpoint=endpoint, session=session, task=inp.task, prompt=prompt,
                                  agent=inp.agent, rollout_id=inp.rollout_id, job_id=inp.job_id,
                                  group_id=inp.group_id)
+        self._checkpoint = None  # a new substrate (rollout attempt): older checkpoints do not apply
         lost = 0
         while True:
+            # Each schedule fences off the earlier ones and starts from the latest checkpoint. Only
+            # the input changes (same activity, same id): no new command, so no patch is needed.
+            agent_input = agent_input.model_copy(update={
+                "schedule": self._fresh_agent_schedule(), "checkpoint": self._checkpoint})
             try:
                 return await self._step(ACT_AGENT, agent_input, AgentResult, endpoint)
             except STEP_FAILURES as err:

@@ -52,6 +52,8 @@ __all__ = [
     "StoreResultsInput",
     "TasksetRunInput",
     "TasksetRunResult",
+    "UPD_CHECKPOINT",
+    "UPD_LATEST_CHECKPOINT",
 ]
 
 DEFAULT_TASK_QUEUE = "rollouts"
@@ -66,6 +68,9 @@ ACT_PROVISION = "rollouts.provision"
 ACT_CONNECT = "rollouts.connect"
 ACT_START = "rollouts.start"
 ACT_AGENT = "rollouts.agent"
+# Updates of the Rollout workflow that the agent activity sends (durable agent turns).
+UPD_CHECKPOINT = "checkpoint"
+UPD_LATEST_CHECKPOINT = "latest_checkpoint"
 ACT_GRADE = "rollouts.grade"
 ACT_VERIFY = "rollouts.verify"
 ACT_VERIFY_OPEN = "rollouts.verify_open"

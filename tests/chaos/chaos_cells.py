@@ -11,6 +11,10 @@ waits for the batch and then counts, from evidence on disk and in /proc:
   started for that home;
 - wrong: rollouts whose status/reward differ from the expected outcome.
 
+``kill_mid_turn`` runs a checkpointing agent (``tests/agents/agent_helpers.TurnsAgent``) and
+SIGKILLs its worker mid-turn, right after a checkpoint: double also counts turns (side effects)
+that ran twice, wrong a run that did not resume.
+
 The ``restart_server`` cell runs on its own dev server, stopped (SIGTERM or SIGKILL) mid-agent
 and restarted on the same sqlite file.
 
@@ -34,8 +38,12 @@ from typing import Any
 
 HERE = Path(__file__).resolve().parent
 TEMPORAL_TESTS = HERE.parent / "temporal"
-if str(TEMPORAL_TESTS) not in sys.path:
-    sys.path.insert(0, str(TEMPORAL_TESTS))
+AGENT_TESTS = HERE.parent / "agents"
+for _path in (TEMPORAL_TESTS, AGENT_TESTS):
+    if str(_path) not in sys.path:
+        sys.path.insert(0, str(_path))
+
+from agent_helpers import TurnsAgent
 
 from temporal_helpers import ENV_FILE, CountingAgent, DevServer, WorkerProcess, async_wait_for, read_lines
 
@@ -57,8 +65,9 @@ KILL_POINTS = {
     "kill@verify": "after_verify",
     "kill@teardown": "before_teardown",
 }
-CELLS = [*KILL_POINTS, "sigstop_worker", "kill_env_mid_agent", "kill_verifier_substrate",
-         "restart_server", "cut_channel", "disk_full"]
+CELLS = [*KILL_POINTS, "sigstop_worker", "kill_env_mid_agent", "kill_mid_turn",
+         "kill_verifier_substrate", "restart_server", "cut_channel", "disk_full"]
+TURNS = 4  # of the kill_mid_turn agent
 VERIFIED = {"kill@verify", "kill_verifier_substrate"}
 
 
@@ -295,7 +304,8 @@ async def run_cell(cell: str, client: Any, address: str, workdir: Path, *, rows:
     evidence.mkdir(parents=True)
     queue = f"chaos-{uuid.uuid4().hex[:10]}"
     agents = evidence / "agents.log"
-    env = {"ROLLOUTS_HOME": str(home)}
+    env = {"ROLLOUTS_HOME": str(home),
+           "PYTHONPATH": os.pathsep.join([str(AGENT_TESTS), os.environ.get("PYTHONPATH", "")])}
     seconds = 0.3
     verify_delay = 0.0
     if cell in KILL_POINTS:
@@ -330,14 +340,18 @@ async def run_cell(cell: str, client: Any, address: str, workdir: Path, *, rows:
             _disk_full(home / "storage")  # where traces are written (the file storage driver)
             mounted = True
         await workers.start()
+        agent: Any = CountingAgent(answer="x", seconds=seconds, log=str(agents))
+        if cell == "kill_mid_turn":
+            agent = TurnsAgent(turns=TURNS, think_s=0.6, log=str(evidence / "turns.log"))
         handle = await start_job(Taskset("chaos", _rows(evidence, rows, cell in VERIFIED, verify_delay)),
-                                 CountingAgent(answer="x", seconds=seconds, log=str(agents)),
+                                 agent,
                                  runtime=runtime, temporal=client, worker=False, task_queue=queue,
                                  max_concurrent=rows, trace_store=TraceStore(home / "traces"))
         job_task = asyncio.ensure_future(handle.wait())
         try:
             await _inject(cell, evidence, workers, job_task, server=server, variant=variant)
             stopped = getattr(workers, "stopped_pid", None)
+            out.killed_rollout = getattr(workers, "killed_rollout", None)  # type: ignore[attr-defined]
             job = await asyncio.wait_for(job_task, timeout)
         except (TimeoutError, AssertionError) as exc:
             out.lost = rows
@@ -404,6 +418,16 @@ async def _inject(cell: str, evidence: Path, workers: Workers, job: asyncio.Futu
         await async_wait_for(lambda: bool(read_lines(agents)) and pid_file.exists(), timeout=60,
                              what="agent start")
         os.kill(int(pid_file.read_text()), signal.SIGKILL)
+    elif cell == "kill_mid_turn":  # right after a checkpoint, while the next turn "thinks"
+        cps = evidence / "turns.log.cp"
+        turn = 1 + variant % (TURNS - 1)
+        await async_wait_for(lambda: any(int(line.split()[1]) >= turn for line in read_lines(cps)),
+                             timeout=60, what=f"turn {turn} checkpointed")
+        line = next(line for line in read_lines(cps) if int(line.split()[1]) >= turn)
+        worker = workers.by_pid(int(line.split()[2]))
+        workers.killed_rollout = line.split()[0]  # type: ignore[attr-defined]
+        if worker is not None:
+            await asyncio.to_thread(worker.kill)
     elif cell == "kill_verifier_substrate":
         pid_file = evidence / "referee-0.pid"
         await async_wait_for(pid_file.exists, timeout=60, what="verifier grading")
@@ -428,6 +452,20 @@ def _check(out: Outcome, cell: str, runs: list[Any], evidence: Path, rows: int, 
         if grades > 1 or referee > 1:
             out.double += 1
             out.notes.append(f"row {i}: {grades} grades, {referee} verifier grades")
+    if cell == "kill_mid_turn":  # every turn's side effect exactly once, and the kill was survived
+        turns: dict[str, list[int]] = {}
+        for line in read_lines(evidence / "turns.log"):
+            rid, turn, _ = line.split()
+            turns.setdefault(rid, []).append(int(turn))
+        for rid, seen in turns.items():
+            if seen != list(range(1, TURNS + 1)):
+                out.double += 1
+                out.notes.append(f"{rid}: turns {seen}")
+        killed = getattr(out, "killed_rollout", None)
+        for run in runs:
+            if run.rollout_id == killed and run.trace.extra.get("resumed") != 1:
+                out.wrong += 1
+                out.notes.append(f"{killed} did not resume from its checkpoint")
     for run in by_row.values():
         out.results.append((run.status, run.reward, run.attempts, (run.error or "")[:200]))
         if run.status is None or run.status == "running":

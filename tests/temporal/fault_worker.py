@@ -7,9 +7,10 @@ builds the same worker, plus :class:`faults.FaultInterceptor` (``ROLLOUTS_FAULTS
 
 from __future__ import annotations
 
-from faults import FaultInterceptor
+from faults import FaultInterceptor, arm_checkpoint_faults
 
 from durable_rollouts.worker import main
 
 if __name__ == "__main__":
+    arm_checkpoint_faults()
     main(interceptors=[FaultInterceptor()])

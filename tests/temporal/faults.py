@@ -8,7 +8,10 @@ across all worker processes. The points are placed by :class:`FaultInterceptor`,
 interceptor on the product worker: ``after_provision``, ``after_connect``, ``after_start``,
 ``after_agent``, ``after_grade``, ``after_verify`` (the activity function returned, so the step
 did its work, and its result is not recorded yet), ``before_teardown`` (the substrate is still
-up) and ``after_teardown``. The product code knows nothing of this.
+up) and ``after_teardown``. Inside the agent step, :func:`arm_checkpoint_faults` wraps
+``AgentCheckpoints.save`` in the worker process: ``after_tool`` (a tool call ran, its result is
+not durable yet) and ``after_checkpoint`` (the checkpoint is durable, nothing after it is). The
+product code knows nothing of this.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from temporalio.worker import ActivityInboundInterceptor, ExecuteActivityInput, 
 
 from durable_rollouts.workflows import types as wf
 
-__all__ = ["AFTER", "BEFORE", "FaultInterceptor", "maybe_crash"]
+__all__ = ["AFTER", "BEFORE", "FaultInterceptor", "arm_checkpoint_faults", "maybe_crash"]
 
 # activity name -> the point reached once it returned / before it runs
 AFTER = {wf.ACT_PROVISION: "after_provision", wf.ACT_CONNECT: "after_connect",
@@ -64,3 +67,18 @@ class FaultInterceptor(Interceptor):
 
     def intercept_activity(self, next: ActivityInboundInterceptor) -> ActivityInboundInterceptor:
         return _FaultInbound(next)
+
+
+def arm_checkpoint_faults() -> None:
+    """Place ``after_tool`` / ``after_checkpoint`` around the agent step's checkpoints."""
+    from durable_rollouts.activities import checkpoints
+
+    save = checkpoints.AgentCheckpoints.save
+
+    async def faulty_save(self: Any, checkpoint: Any) -> None:
+        if checkpoint.steps and checkpoint.steps[-1].source == "tool":
+            maybe_crash("after_tool")
+        await save(self, checkpoint)
+        maybe_crash("after_checkpoint")
+
+    checkpoints.AgentCheckpoints.save = faulty_save  # type: ignore[method-assign]

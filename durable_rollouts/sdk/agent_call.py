@@ -1,0 +1,60 @@
+"""Calling an agent once per agent step: its own failures recorded, model API errors resumed.
+
+``call_agent`` is the agent step's one call into user code (``steps.execute_agent``). An agent's
+exception is its own failure: recorded in the trace, and the rollout is still graded. A retryable
+``ModelAPIError`` is infrastructure: on the durable path it ends the step (Temporal retries it
+after ``Retry-After`` and the retry resumes from the last checkpoint); in-process (the direct
+executor) it is retried here the same way. Imports errors, models and ``Run`` only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from ..errors import CheckpointError, ModelAPIError
+from ..models import Step, Trace
+from .agents import Agent
+from .run import Run
+
+__all__ = ["call_agent", "record_failure"]
+
+_LOCAL_MODEL_RETRIES = 3  # without a durable checkpointer (direct executor): retries in-process
+
+
+async def call_agent(agent: Agent, run: Run, *, durable: bool) -> None:
+    """``agent(run)``; its own failures are recorded in the trace (still graded).
+
+    A retryable ``ModelAPIError`` ends the step on the durable path (the step is retried and
+    resumes from the last checkpoint); in-process it is retried here the same way, from the last
+    checkpoint, a few times. A ``CheckpointError`` is infrastructure: it always raises.
+    """
+    base = len(run.trace.steps)
+    delay = 1.0
+    for attempt in range(_LOCAL_MODEL_RETRIES + 1):
+        try:
+            await agent(run)
+            return
+        except asyncio.CancelledError:
+            raise
+        except CheckpointError:
+            raise
+        except ModelAPIError as exc:
+            if exc.retryable and durable:
+                raise
+            if exc.retryable and attempt < _LOCAL_MODEL_RETRIES:
+                await asyncio.sleep(exc.retry_after_s if exc.retry_after_s is not None else delay)
+                delay *= 2
+                run._rewind(base)  # back to the last checkpoint, as a retried step would be
+                continue
+            record_failure(run.trace, exc)
+            return
+        except Exception as exc:  # the agent's own failure: recorded, still graded
+            record_failure(run.trace, exc)
+            return
+
+
+def record_failure(trace: Trace, exc: BaseException) -> None:
+    trace.status = "error"
+    trace.stop_reason = "error"
+    trace.record(Step(source="system", error=f"{type(exc).__name__}: {exc}", ended_at=time.time()))
