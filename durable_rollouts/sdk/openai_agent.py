@@ -42,7 +42,6 @@ from ..errors import ConfigError, ModelAPIError
 from ..models import Step
 from .agents import Agent
 from .capabilities import close_capability, open_capability, protocol_family
-from .retry import retry
 
 if TYPE_CHECKING:
     from .run import Run

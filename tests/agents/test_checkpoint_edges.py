@@ -105,8 +105,6 @@ async def test_a_checkpoint_from_a_superseded_attempt_is_rejected(
 
 
 @needs_bwrap
-@pytest.mark.xfail(reason="a > 2 MB checkpoint needs temporalio ExternalStorage in the data converter "
-                          "(branch `storage`); passes once that is merged", strict=False)
 async def test_a_checkpoint_larger_than_2mb_survives_a_crash(
         client, task_queue, start_worker, model, evidence: Path) -> None:
     """A long conversation (25 turns x 100 KB of tool output, ~2.5 MB checkpointed) survives a

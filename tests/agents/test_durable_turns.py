@@ -141,7 +141,7 @@ async def test_a_401_fails_the_agent_once_with_the_servers_message(
     handle = await run_steps(client, task_queue, evidence, OpenAIChatAgent(model="m", base_url=llm.url))
     job = await asyncio.wait_for(handle.wait(), 90)
     (run,) = job.runs
-    assert (run.status, run.error_phase, run.reward) == ("errored", "agent loop", 0.0), run
+    assert (run.status, run.error_phase, run.reward, run.grade_reward) == ("errored", "agent loop", None, 0.0), run
     assert "401" in (run.error or "") and "scripted 401" in (run.error or "")
     assert len(llm.requests) == 1 and len(read_lines(evidence / "grades.log")) == 1
 

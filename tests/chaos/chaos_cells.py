@@ -441,6 +441,15 @@ async def _inject(cell: str, evidence: Path, workers: Workers, job: asyncio.Futu
         await asyncio.to_thread(server.start)
 
 
+def _cell_trace(home: Path, run: Any) -> Any:
+    """``run``'s trace from the cell's own store (its workers' ``file://HOME/storage``)."""
+    from durable_rollouts.sdk.tracestore import TraceStore
+    from durable_rollouts.temporal import storage
+
+    driver = storage.build_driver(storage.parse_storage_url(f"file://{home / 'storage'}"))
+    return TraceStore(blobs=storage.Blobs(driver=driver)).get(run.trace_ref)
+
+
 def _check(out: Outcome, cell: str, runs: list[Any], evidence: Path, rows: int, home: Path) -> None:
     by_row = {r.row_index if hasattr(r, "row_index") else i: r for i, r in enumerate(runs)}
     out.lost += rows - len(runs)
@@ -463,7 +472,7 @@ def _check(out: Outcome, cell: str, runs: list[Any], evidence: Path, rows: int, 
                 out.notes.append(f"{rid}: turns {seen}")
         killed = getattr(out, "killed_rollout", None)
         for run in runs:
-            if run.rollout_id == killed and run.trace.extra.get("resumed") != 1:
+            if run.rollout_id == killed and _cell_trace(home, run).extra.get("resumed") != 1:
                 out.wrong += 1
                 out.notes.append(f"{killed} did not resume from its checkpoint")
     for run in by_row.values():

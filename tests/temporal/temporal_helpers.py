@@ -82,8 +82,8 @@ class WorkerProcess:
                  gc_every: float | None = None, python: str = sys.executable,
                  cwd: str | None = None) -> None:
         penv = dict(os.environ)
+        penv.update(env or {})  # HERE stays on the path (fault_worker, temporal_helpers agents)
         penv["PYTHONPATH"] = os.pathsep.join([str(HERE), penv.get("PYTHONPATH", "")]).rstrip(os.pathsep)
-        penv.update(env or {})
         self.log = Path(penv.get("ROLLOUTS_HOME", "/tmp")) / f"worker-{task_queue}-{time.time_ns()}.log"
         with open(self.log, "wb") as out:
             self.proc = subprocess.Popen(
