@@ -30,7 +30,14 @@ class CheckpointHandlers:
         self._agent_schedules = 0
 
     def _fresh_agent_schedule(self) -> int:
-        """A new schedule of the agent step: fences off every earlier one; returns its number."""
+        """A new schedule of the agent step: fences off every earlier one; returns its number.
+
+        In a run whose agent step was first scheduled by a release before checkpoints (an old
+        history continued by this worker) every schedule is number 0, as its inputs say: the
+        fence then orders attempts only.
+        """
+        if not workflow.patched("agent-checkpoint-schedules"):
+            return 0
         self._agent_schedules += 1
         self._fence = max(self._fence, (self._agent_schedules, 0))
         return self._agent_schedules

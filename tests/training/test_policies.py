@@ -13,8 +13,7 @@ from durable_rollouts.temporal.batches import get_job
 from durable_rollouts.sdk.providers import LocalRuntime, SubprocessRuntime
 from durable_rollouts.sdk.procs import pid_alive
 from durable_rollouts.sdk.taskset import Taskset
-from durable_rollouts.worker import build_worker
-from durable_rollouts.workflows import TasksetRun, child_id, workflow_id
+from durable_rollouts.workflows import TasksetRun, TasksetRunResult, child_id, workflow_id
 
 
 def echo(expected: str, **args: object) -> Task:
@@ -33,8 +32,9 @@ async def test_an_errored_rollout_has_no_reward_and_never_enters_the_mean(client
     assert bad.reward is None and bad.grade is not None and bad.grade_reward == 0.0
     assert job.reward == 1.0 and len(job.graded) == 3 and job.errors == [bad]
     assert job.group_stats()[bad.group_id].graded == 1
-    async with build_worker(client, task_queue=task_queue):  # a query needs a polling worker
-        progress = await client.get_workflow_handle(workflow_id(job.id)).query(TasksetRun.progress)
+    # the batch's final progress (what its `progress` query answered last), from its result
+    result = await client.get_workflow_handle(workflow_id(job.id), result_type=TasksetRunResult).result()
+    progress = result.progress
     assert (progress.succeeded, progress.errored, progress.graded, progress.mean_reward) == (3, 1, 3, 1.0)
     rows = [json.loads(line) for line in job.export(tmp_path / "runs.jsonl").read_text().splitlines()]
     assert [r["reward"] for r in rows] == [1.0, 1.0, 1.0, None]
