@@ -40,7 +40,7 @@ async def one(client, queue: str, llm, turns: int, mode: str, workers: "Workers"
 
     from durable_rollouts.models import Task
     from durable_rollouts.sdk.openai_agent import OpenAIChatAgent
-    from durable_rollouts.sdk.orchestrate import start_job
+    from durable_rollouts.temporal.batches import start_job
     from durable_rollouts.sdk.providers import SubprocessRuntime
     from durable_rollouts.sdk.taskset import Taskset
 
@@ -86,7 +86,7 @@ async def main(turns: int, kills: list[int], n: int) -> None:
     from agent_helpers import StepsModel
     from temporal_helpers import DevServer
 
-    from durable_rollouts.sdk.temporal import connect_client
+    from durable_rollouts.temporal.connection import connect_client
 
     server = DevServer(Path(os.environ["ROLLOUTS_HOME"]) / "temporal.db")
     server.start()

@@ -32,7 +32,7 @@ from durable_rollouts.models import (
     VerifierSession,
     VerifyInput,
 )
-from durable_rollouts.sdk import steps, verifier
+from durable_rollouts.sdk import steps, verifier, verify_once
 from durable_rollouts.sdk.providers import provider_from_spec
 from durable_rollouts.sdk.tracestore import TraceStore
 from durable_rollouts.workflows.types import (
@@ -186,7 +186,7 @@ class RolloutActivities:
             if inp.verifier_session is not None:  # the recorded verify: grade in that session
                 grade = await self._beating(verifier.grade_verifier(inp))
             else:
-                grade = await self._beating(steps.verify(inp))
+                grade = await self._beating(verify_once.verify(inp))
         return grade
 
     @activity.defn(name=ACT_VERIFY_CLOSE)

@@ -218,13 +218,9 @@ def write_export(view: JobView, output: str, export_format: str = "jsonl") -> in
     return len(lines)
 
 
-async def run_batch(opts: RunOptions, out: Console, err: Console) -> int:
+def _check_output(opts: RunOptions) -> None:
+    """``-o``/``--json``/``--format`` combinations that cannot work: one ConfigError line."""
     from ..sdk.export_formats import FORMATS
-    from ..sdk.job import Job
-    from durable_rollouts.temporal.batches import QUEUE_ENV, check_policy, start_job
-    from durable_rollouts.temporal.connection import resolve_address
-    from ..sdk.validation import validate_batch
-    from .specs import check_sources, load_agent_spec, load_tasks, parse_runtime
 
     if opts.output == "-" and opts.as_json:
         raise ConfigError("-o - and --json both write to stdout: pick one")
@@ -236,6 +232,16 @@ async def run_batch(opts: RunOptions, out: Console, err: Console) -> int:
         raise ConfigError(f"-o {opts.output}: folder {Path(opts.output).parent} does not exist")
     if opts.export_format not in FORMATS:
         raise ConfigError(f"--format {opts.export_format!r}: use one of {', '.join(FORMATS)}")
+
+
+async def run_batch(opts: RunOptions, out: Console, err: Console) -> int:
+    from ..sdk.job import Job
+    from durable_rollouts.temporal.batches import QUEUE_ENV, check_policy, start_job
+    from durable_rollouts.temporal.connection import resolve_address
+    from ..sdk.validation import validate_batch
+    from .specs import check_sources, load_agent_spec, load_tasks, parse_runtime
+
+    _check_output(opts)
     on_error = check_policy(opts.retries, opts.on_error)
     taskset = load_tasks(opts.tasks, opts.name)
     agent = load_agent_spec(opts.agent, opts.agent_config)
@@ -277,32 +283,26 @@ async def run_batch(opts: RunOptions, out: Console, err: Console) -> int:
         retries=opts.retries,
         on_error=on_error,
     )
+    what = (f"{len(taskset)} tasks x {opts.group} = {len(taskset) * opts.group} rollouts, "
+            f"agent {agent.spec().path}, runtime {runtime.spec().kind}")
+    return await _attend(opts, handle, client, queue, embedded, what, len(taskset) * opts.group,
+                         out, err)
+
+
+async def _attend(opts: RunOptions, handle: Any, client: Any, queue: str, embedded: bool,
+                  what: str, total: int, out: Console, err: Console) -> int:
+    """Detach, or follow the started batch to its summary (exit code)."""
     ui = ui_base(opts.temporal)
-    total = len(taskset) * opts.group
     try:  # the in-process worker (if any) is stopped before the command returns
         if opts.detach:
-            return _detached(
-                job.id, handle.workflow_id, client, queue, embedded, ui, out, err, opts.as_json
-            )
-        _announce(
-            err,
-            job.id,
-            f"{len(taskset)} tasks x {opts.group} = {total} rollouts, agent {agent.spec().path}, "
-            f"runtime {runtime.spec().kind}",
-            ui,
-        )
+            return _detached(handle.job.id, handle.workflow_id, client, queue, embedded, ui, out,
+                             err, opts.as_json)
+        _announce(err, handle.job.id, what, ui)
         await follow(handle.handle, err, total=total, label="rollouts")
     finally:
         await handle.release()
-    return await finish(
-        client,
-        job.id,
-        out,
-        as_json=opts.as_json,
-        output=opts.output,
-        ui=ui,
-        export_format=opts.export_format,
-    )
+    return await finish(client, handle.job.id, out, as_json=opts.as_json, output=opts.output,
+                        ui=ui, export_format=opts.export_format)
 
 
 def _detached(

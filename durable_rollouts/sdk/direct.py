@@ -28,7 +28,7 @@ from ..models import (
     Trace,
     VerifyInput,
 )
-from . import steps
+from . import steps, verify_once
 from .agents import Agent
 from .job import Job
 from .providers.base import DurableProvider
@@ -141,7 +141,7 @@ class _Batch:
                 if task.verifier is not None:
                     phase = "verifying"
                     run.trace.extra["actor_grade"] = grade.model_dump(mode="json")
-                    grade = await steps.verify(VerifyInput(
+                    grade = await verify_once.verify(VerifyInput(
                         task=task, actor_endpoint=endpoint, actor_session=session,
                         actor_raw=steps.actor_result(grade, run.trace.content, result.error),
                         provider=endpoint.provider, key=run.rollout_id), provider=self.runtime)

@@ -5,15 +5,15 @@
 activities call them; the direct executor calls them in one process). Errors are classified
 here, at the edge: ``ConfigError`` for user mistakes (never retried), ``SubstrateGoneError`` when
 the endpoint refuses connections or forgot the session (reprovision), anything else is
-retryable infrastructure. Imports models, errors, protocol codes, the client, agents, providers
-and the trace store; never Temporal.
+retryable infrastructure. The verify step lives beside them: ``sdk.verifier`` (the recorded
+verifier session) and ``sdk.verify_once`` (the one-step verify of older rollouts). Imports
+models, errors, protocol codes, the client, agents, providers and the trace store; never Temporal.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -45,14 +45,13 @@ from ..models import (
     TeardownInput,
     Trace,
     TraceRef,
-    VerifyInput,
 )
 from ..protocol import ErrorCode
 from .agent_call import call_agent
 from .agents import Agent, load_agent
 from .client import EnvClient, parse_url
 from .client import connect as _open
-from .paths import atomic_write, rollouts_home, safe_name
+from .paths import rollouts_home, safe_name
 from .providers import DurableProvider, provider_from_spec
 from .run import Run
 from .tokens import endpoint_token, token_rejected, uses_derived_token
@@ -70,7 +69,6 @@ __all__ = [
     "store_result",
     "teardown",
     "teardown_with",
-    "verify",
 ]
 
 log = logging.getLogger(__name__)
@@ -328,62 +326,8 @@ def actor_result(grade: Grade | None, answer: str | None, agent_error: str | Non
     return _failed_raw(answer, content)
 
 
-async def verify(inp: VerifyInput, *, provider: DurableProvider | None = None) -> Grade:
-    """Grade ``inp.task.verifier`` with the actor's result; never re-runs the agent.
-
-    Same env and no runtime_config: a new session on the actor's server. Otherwise the verifier
-    is provisioned under ``f"{key}-verifier"`` and always released afterwards; its verdict is
-    kept under ``$ROLLOUTS_HOME/verdicts`` until teardown so a retried step on the same host never
-    grades twice. Only Rollouts started before the recorded verify (``sdk.verifier``: session
-    recorded in history, no host-local state) still take this one-step path.
-    """
-    verifier = inp.task.verifier
-    if verifier is None:
-        raise ConfigError(f"task {inp.task.slug} has no verifier")
-    if verifier.env == inp.task.env and verifier.runtime_config is None:
-        await _probe(inp.actor_endpoint)
-        client = await _fresh(inp.actor_endpoint, RESUME_TIMEOUT_S)
-        return await _grade_verifier(client, verifier, inp.actor_raw)
-    provider = provider or provider_from_spec(inp.provider)
-    provider.check_config(verifier.runtime_config, what=f"verifier of {inp.task.slug}")
-    # A verdict reached by an earlier try of this step (its worker died before the result was
-    # recorded) is kept on this host ($ROLLOUTS_HOME/verdicts, dropped at teardown): the verifier
-    # grades once, like the actor's env does.
-    verdict = _verdict_path(inp.key)
-    cached = _read_verdict(verdict)
-    if cached is not None:
-        grade, released = cached
-        if not released:  # the crash came between the verdict and the release
-            await provider.release(await provider.acquire(verifier, f"{inp.key}-verifier"))
-            _write_verdict(verdict, grade, released=True)
-        return grade
-    endpoint = await provider.acquire(verifier, f"{inp.key}-verifier")
-    try:
-        client = await _fresh(endpoint, _ready_timeout(endpoint))
-        grade = await _grade_verifier(client, verifier, inp.actor_raw)
-        _write_verdict(verdict, grade, released=False)
-    finally:
-        await provider.release(endpoint)
-    _write_verdict(verdict, grade, released=True)
-    return grade
-
-
 def _verdict_path(key: str) -> Path:
     return rollouts_home() / "verdicts" / f"{safe_name(key)}.json"
-
-
-def _read_verdict(path: Path) -> tuple[Grade, bool] | None:
-    try:
-        data = json.loads(path.read_bytes())
-        return Grade.model_validate(data["grade"]), bool(data.get("released"))
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-
-
-def _write_verdict(path: Path, grade: Grade, *, released: bool) -> None:
-    with contextlib.suppress(OSError):  # best effort: without it a crash may re-grade
-        path.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write(path, json.dumps({"grade": grade.model_dump(mode="json"), "released": released}).encode())
 
 
 def forget_verdicts(key: str) -> None:
@@ -395,24 +339,6 @@ def forget_verdicts(key: str) -> None:
     for path in (folder / f"{name}.json", *folder.glob(f"{name}-v*.json")):
         with contextlib.suppress(OSError):
             path.unlink()
-
-
-async def _grade_verifier(client: EnvClient, verifier: Task, actor_raw: dict[str, Any]) -> Grade:
-    try:
-        try:
-            await client.start_task(verifier.id, dict(verifier.args))
-        except ProtocolError as exc:
-            _raise_start_error(exc, verifier)
-        try:
-            frame = await client.grade(actor_raw)
-        except ProtocolError as exc:
-            return Grade.error(f"verifier {verifier.id!r}: {_grade_failure(exc, None)}")
-        with contextlib.suppress(Exception):
-            await client.bye()
-        return _to_grade(frame)
-    finally:
-        with contextlib.suppress(Exception):
-            await client.close()
 
 
 async def teardown(inp: TeardownInput, *, provider: DurableProvider | None = None) -> None:

@@ -1,6 +1,6 @@
 """The recorded verify: open the verifier's session, grade in it, close it — three steps.
 
-``steps.verify`` (one step: acquire, start, grade, release) cannot survive a crash between the
+``verify_once.verify`` (one step: acquire, start, grade, release) cannot survive a crash between the
 verifier's grade and the step's result without a host-local verdict cache. Here the verifier's
 endpoint and started session are recorded in workflow history first (``open_verifier``); the grade
 step then resumes that session by id, and grading is idempotent per session on the env server, so

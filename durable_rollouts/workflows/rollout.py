@@ -22,13 +22,6 @@ from typing import Any
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy, SearchAttributeKey
-from temporalio.exceptions import (
-    ActivityError,
-    ApplicationError,
-    CancelledError as TemporalCancelledError,
-    TimeoutError as TemporalTimeoutError,
-    TimeoutType,
-)
 
 with workflow.unsafe.imports_passed_through():
     from durable_rollouts.models import (
@@ -36,8 +29,8 @@ with workflow.unsafe.imports_passed_through():
         AgentResult,
         ConnectInput,
         Endpoint,
-        GradeInput,
         Grade,
+        GradeInput,
         ProvisionInput,
         RolloutResult,
         Session,
@@ -45,6 +38,16 @@ with workflow.unsafe.imports_passed_through():
         TeardownInput,
         VerifierSession,
         VerifyInput,
+    )
+    from durable_rollouts.workflows.checkpoints import CheckpointHandlers
+    from durable_rollouts.workflows.failures import (
+        STEP_FAILURES,
+        failure_message,
+        is_cancelled,
+        is_config_error,
+        is_heartbeat_timeout,
+        is_substrate_gone,
+        is_timeout,
     )
     from durable_rollouts.workflows.types import (
         ACT_AGENT,
@@ -56,12 +59,9 @@ with workflow.unsafe.imports_passed_through():
         ACT_VERIFY,
         ACT_VERIFY_CLOSE,
         ACT_VERIFY_OPEN,
-        ERR_CONFIG,
-        ERR_SUBSTRATE_GONE,
         NON_RETRYABLE,
         RolloutInput,
     )
-    from durable_rollouts.workflows.checkpoints import CheckpointHandlers
 
 __all__ = ["Rollout", "is_substrate_gone"]
 
@@ -102,53 +102,8 @@ _LOCAL_IF_FAST = {ACT_PROVISION, ACT_TEARDOWN}
 _PINNED_SCHEDULE_TO_START = timedelta(minutes=2)
 
 
-# A failed step raises ActivityError(cause=...); a failed *local* activity may raise its cause directly.
-STEP_FAILURES = (ActivityError, ApplicationError, TemporalTimeoutError)
-
-
-def _cause(err: BaseException) -> BaseException | None:
-    return err.cause if isinstance(err, ActivityError) else err
-
-
-def _is_cancelled(err: BaseException) -> bool:
-    return isinstance(_cause(err), TemporalCancelledError)
-
-
-def is_substrate_gone(err: BaseException) -> bool:
-    """True for a failure that means the substrate is gone and the rollout must reprovision."""
-    cause = _cause(err)
-    if isinstance(cause, ApplicationError) and cause.type == ERR_SUBSTRATE_GONE:
-        return True
-    # A pinned (host/process) queue that nobody polls: its worker, and likely its substrate, died.
-    return isinstance(cause, TemporalTimeoutError) and cause.type == TimeoutType.SCHEDULE_TO_START
-
-
-def _is_config_error(err: BaseException) -> bool:
-    cause = _cause(err)
-    return isinstance(cause, ApplicationError) and cause.type == ERR_CONFIG
-
-
-def _is_timeout(err: BaseException) -> bool:
-    return isinstance(_cause(err), TemporalTimeoutError)
-
-
-def _is_heartbeat_timeout(err: BaseException) -> bool:
-    cause = _cause(err)
-    return isinstance(cause, TemporalTimeoutError) and cause.type == TimeoutType.HEARTBEAT
-
-
 # Fresh schedules of the agent step after every attempt timed out on heartbeats (a lost worker).
 _AGENT_LOST_WORKER_ROUNDS = 3
-
-
-def _message(err: BaseException) -> str:
-    cause = _cause(err) or err
-    if isinstance(cause, ApplicationError) and cause.type:
-        return f"{cause.type}: {cause.message}"
-    if isinstance(cause, TemporalTimeoutError):
-        return f"{cause.type.name if cause.type else 'TIMEOUT'} timeout" + (
-            f" ({_message(cause.cause)})" if cause.cause else "")
-    return str(cause) or type(cause).__name__
 
 
 _BEFORE_LAUNCH = {"provisioning", "connecting", "starting task"}
@@ -270,12 +225,12 @@ class Rollout(CheckpointHandlers):
                 grade = await self._verify(inp, endpoint, session, _actor_raw(grade, agent), attempt)
             return self._graded(inp, agent, grade)
         except STEP_FAILURES as err:
-            if _is_cancelled(err):
+            if is_cancelled(err):
                 raise asyncio.CancelledError() from err
             if is_substrate_gone(err):
-                raise _SubstrateGone(phase, _message(err)) from None
+                raise _SubstrateGone(phase, failure_message(err)) from None
             status = "failed" if phase in _BEFORE_LAUNCH else "errored"
-            return self._result(inp, status, error=f"[{phase}] {_message(err)}", error_phase=phase)
+            return self._result(inp, status, error=f"[{phase}] {failure_message(err)}", error_phase=phase)
         except _Errored as err:
             return self._result(inp, "errored", error=str(err), error_phase=err.phase)
         finally:
@@ -299,23 +254,23 @@ class Rollout(CheckpointHandlers):
             try:
                 return await self._step(ACT_AGENT, agent_input, AgentResult, endpoint)
             except STEP_FAILURES as err:
-                if is_substrate_gone(err) or _is_cancelled(err):
+                if is_substrate_gone(err) or is_cancelled(err):
                     raise
-                if _is_config_error(err):
-                    self._agent_config_error = _message(err)
+                if is_config_error(err):
+                    self._agent_config_error = failure_message(err)
                     return None
                 # Every attempt lost its worker (heartbeat timeouts): a hung (e.g. SIGSTOPped)
                 # worker's open long polls swallow retries until they expire (~70 s), so all
                 # attempts can be spent in ~40 s. Schedule the step afresh a few times.
-                if (_is_heartbeat_timeout(err) and lost < _AGENT_LOST_WORKER_ROUNDS
+                if (is_heartbeat_timeout(err) and lost < _AGENT_LOST_WORKER_ROUNDS
                         and workflow.patched("agent-rerun-on-lost-worker")):
                     lost += 1
                     workflow.logger.warning("rollout %s: agent lost its worker on every attempt; "
                                             "scheduling it again (%d)", inp.rollout_id, lost)
                     continue
                 # Any other agent failure is still graded, best effort.
-                status = "timeout" if _is_timeout(err) else "error"
-                return AgentResult(status=status, error=_message(err))
+                status = "timeout" if is_timeout(err) else "error"
+                return AgentResult(status=status, error=failure_message(err))
 
     async def _verify(self, inp: RolloutInput, endpoint: Endpoint, session: Session,
                       actor_raw: dict[str, Any], attempt: int) -> Grade:
@@ -324,18 +279,18 @@ class Rollout(CheckpointHandlers):
             return await self._verify_recorded(inp, endpoint, session, actor_raw, attempt)
         last = ""
         for v in range(1, inp.max_attempts + 1):
-            # steps.verify provisions the verifier under f"{key}-verifier"; a new key per try
+            # verify_once.verify provisions the verifier under f"{key}-verifier"; a new key per try
             key = inp.rollout_id + (f"-a{attempt}" if attempt > 1 else "") + (f"-v{v}" if v > 1 else "")
             vin = VerifyInput(task=inp.task, actor_endpoint=endpoint, actor_session=session,
                               actor_raw=actor_raw, provider=inp.provider, key=key)
             try:
                 return await self._step(ACT_VERIFY, vin, Grade, None)
             except STEP_FAILURES as err:
-                if _is_cancelled(err):
+                if is_cancelled(err):
                     raise
                 if not is_substrate_gone(err):
-                    raise _Errored("verifying", _message(err)) from None
-                last = _message(err)  # only the verifier is re-placed; the agent is not re-run
+                    raise _Errored("verifying", failure_message(err)) from None
+                last = failure_message(err)  # only the verifier is re-placed; the agent is not re-run
         raise _Errored("verifying", f"verifier substrate gone {inp.max_attempts} times: {last}")
 
     async def _verify_recorded(self, inp: RolloutInput, endpoint: Endpoint, session: Session,
@@ -353,11 +308,11 @@ class Rollout(CheckpointHandlers):
                                              "verifier_session": opened.session})
                 return await self._step(ACT_VERIFY, vin, Grade, opened.endpoint)
             except STEP_FAILURES as err:
-                if _is_cancelled(err):
+                if is_cancelled(err):
                     raise
                 if not is_substrate_gone(err):
-                    raise _Errored("verifying", _message(err)) from None
-                last = _message(err)  # only the verifier is re-placed; the agent is not re-run
+                    raise _Errored("verifying", failure_message(err)) from None
+                last = failure_message(err)  # only the verifier is re-placed; the agent is not re-run
             finally:
                 if opened is not None:
                     with contextlib.suppress(*STEP_FAILURES):
@@ -370,7 +325,7 @@ class Rollout(CheckpointHandlers):
             await self._step(ACT_TEARDOWN, TeardownInput(endpoint=endpoint, session=session), None,
                              endpoint)
         except STEP_FAILURES as err:
-            workflow.logger.warning("teardown of %s failed: %s", endpoint.key, _message(err))
+            workflow.logger.warning("teardown of %s failed: %s", endpoint.key, failure_message(err))
         except asyncio.CancelledError:
             workflow.logger.warning("teardown of %s cancelled", endpoint.key)
 

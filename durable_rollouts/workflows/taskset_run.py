@@ -138,17 +138,7 @@ class TasksetRun:
             raise
 
         if index < total:  # history is getting long: carry state into a fresh run
-            if len(results) > inp.flush_results_over:  # claim checks of <=FLUSH_CHUNK results each
-                for start in range(0, len(results), FLUSH_CHUNK):
-                    refs.append(await self._flush(inp, results[start:start + FLUSH_CHUNK], len(refs)))
-                results = []
-            carry = inp.model_copy(update={
-                "next_index": index, "results": results, "result_refs": refs,
-                # only groups that still have rollouts to start need their resolved task
-                "resolved": {r: t for r, t in resolved.items() if r >= self._slot(inp, index)[0]},
-                "progress": progress,
-            })
-            workflow.continue_as_new(carry)
+            await self._continue_as_new(inp, index, results, refs, resolved, progress)
 
         progress.done = True
         self._details(progress)
@@ -156,6 +146,22 @@ class TasksetRun:
         return TasksetRunResult(job_id=inp.job_id, job_name=inp.job_name, batch_index=inp.batch_index,
                                 on_error=inp.on_error, failed_on=self._failed_on,
                                 progress=progress, results=results, result_refs=refs)
+
+    async def _continue_as_new(self, inp: TasksetRunInput, index: int, results: list[RolloutResult],
+                               refs: list[ResultsRef], resolved: dict[int, Task],
+                               progress: Progress) -> None:
+        """Flush the results to claim checks (when many) and continue as new from ``index``."""
+        if len(results) > inp.flush_results_over:  # claim checks of <=FLUSH_CHUNK results each
+            for start in range(0, len(results), FLUSH_CHUNK):
+                refs.append(await self._flush(inp, results[start:start + FLUSH_CHUNK], len(refs)))
+            results = []
+        carry = inp.model_copy(update={
+            "next_index": index, "results": results, "result_refs": refs,
+            # only groups that still have rollouts to start need their resolved task
+            "resolved": {r: t for r, t in resolved.items() if r >= self._slot(inp, index)[0]},
+            "progress": progress,
+        })
+        workflow.continue_as_new(carry)
 
     def _count(self, inp: TasksetRunInput, result: RolloutResult) -> None:
         """Count a final result; under on_error="fail" the first error marks the batch failed."""

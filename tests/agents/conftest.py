@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import sys
-import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -21,29 +20,11 @@ sys.path.insert(0, str(HERE))
 from agent_helpers import StepsModel  # noqa: E402
 from temporal_helpers import DevServer, WorkerProcess  # noqa: E402
 
-from durable_rollouts.sdk.orchestrate import shutdown_embedded  # noqa: E402
-from durable_rollouts.sdk.temporal import connect_client  # noqa: E402
 
 os.environ.setdefault("ROLLOUTS_LOG_LEVEL", "WARNING")
 
 
-@pytest.fixture(scope="session")
-def dev_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevServer]:
-    server = DevServer(tmp_path_factory.mktemp("temporal") / "temporal.db")
-    server.start()
-    yield server
-    server.stop()
-
-
-@pytest.fixture
-async def client(dev_server: DevServer) -> AsyncIterator[object]:
-    yield await connect_client(dev_server.address)
-    await shutdown_embedded()
-
-
-@pytest.fixture
-def task_queue() -> str:
-    return f"turns-{uuid.uuid4().hex[:10]}"
+from temporal_fixtures import client, dev_server, task_queue  # noqa: E402,F401  (shared fixtures)
 
 
 @pytest.fixture

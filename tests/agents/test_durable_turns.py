@@ -19,7 +19,7 @@ from temporal_helpers import async_wait_for, read_lines
 
 from durable_rollouts.models import Task
 from durable_rollouts.sdk.openai_agent import OpenAIChatAgent
-from durable_rollouts.sdk.orchestrate import start_job
+from durable_rollouts.temporal.batches import start_job
 from durable_rollouts.sdk.providers import SubprocessRuntime
 from durable_rollouts.sdk.taskset import Taskset
 
@@ -74,7 +74,7 @@ async def test_kill_while_a_model_request_is_in_flight_repeats_only_that_request
     # the history holds the checkpoints as updates and replays deterministically
     from temporalio.worker import Replayer
 
-    from durable_rollouts.codec import data_converter
+    from durable_rollouts.temporal.codec import data_converter
     from durable_rollouts.workflows import Rollout
 
     history = await client.get_workflow_handle(run.rollout_id).fetch_history()

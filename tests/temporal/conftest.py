@@ -9,37 +9,18 @@ from __future__ import annotations
 
 import os
 import sys
-import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from durable_rollouts.temporal.batches import shutdown_embedded
-from durable_rollouts.temporal.connection import connect_client
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # temporal_helpers, counting_env
 
 from temporal_helpers import DevServer, WorkerProcess
 
 
-@pytest.fixture(scope="session")
-def dev_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevServer]:
-    server = DevServer(tmp_path_factory.mktemp("temporal") / "temporal.db")
-    server.start()
-    yield server
-    server.stop()
-
-
-@pytest.fixture
-async def client(dev_server: DevServer) -> AsyncIterator[object]:
-    yield await connect_client(dev_server.address)
-    await shutdown_embedded()
-
-
-@pytest.fixture
-def task_queue() -> str:
-    return f"test-{uuid.uuid4().hex[:10]}"
+from temporal_fixtures import client, dev_server, task_queue  # noqa: E402,F401  (shared fixtures)
 
 
 @pytest.fixture

@@ -263,6 +263,17 @@ class SSHRuntime(DurableProvider):
         startup: float,
         run_timeout: float | None,
     ) -> int:
+        """The port of ``key``'s env server on the host: the running one, else a new one."""
+        d = self._dir(key)
+        port = await self._running_port(conn, key, token)
+        if port is not None:
+            return port
+        await self._sh(conn, self._in_wd(_kill_script(d) + f"; rm -rf {d}; mkdir -p {d}"))
+        await self._launch(conn, task, d, token, run_timeout)
+        return await self._announced_port(conn, key, startup)
+
+    async def _running_port(self, conn: Any, key: str, token: str) -> int | None:
+        """The port of a live server for ``key`` started with ``token``; None to (re)start it."""
         d = self._dir(key)
         alive = await self._sh(
             conn,
@@ -277,7 +288,11 @@ class SSHRuntime(DurableProvider):
                 log.info("reusing remote env server for %s on %s", key, self.host)
                 return int(first.split()[1])
             log.info("restarting env server for %s on %s: other token secret", key, self.host)
-        await self._sh(conn, self._in_wd(_kill_script(d) + f"; rm -rf {d}; mkdir -p {d}"))
+        return None
+
+    async def _launch(self, conn: Any, task: Task, d: str, token: str,
+                      run_timeout: float | None) -> None:
+        """Upload the env (and the package if needed) and start its server in ``d``."""
         env_rel = await self._upload_env(conn, task.source or "")
         pythonpath = await self._pythonpath(conn)
         async with conn.start_sftp_client() as sftp:
@@ -309,6 +324,10 @@ class SSHRuntime(DurableProvider):
                 f'>"$wd/{d}/log" 2>&1 </dev/null ) & echo $! > {d}/pid'
             ),
         )
+
+    async def _announced_port(self, conn: Any, key: str, startup: float) -> int:
+        """Wait for the started server to announce its port (ProviderError with its log if not)."""
+        d = self._dir(key)
         ticks = int(startup * 20)
         wait = await self._sh(
             conn,
