@@ -66,7 +66,6 @@ __all__ = [
     "run_agent",
     "start",
     "astore_result",
-    "store_result",
     "teardown",
     "teardown_with",
 ]
@@ -212,13 +211,9 @@ async def run_agent(inp: AgentInput, *, heartbeat: Callable[[], None] | None = N
     return await astore_result(trace, trace_store)
 
 
-def store_result(trace: Trace, trace_store: TraceStore | None = None) -> AgentResult:
-    """Put ``trace`` in the store and summarise it as an AgentResult."""
-    return _agent_result(trace, (trace_store or TraceStore()).put(trace))
-
-
 async def astore_result(trace: Trace, trace_store: TraceStore | None = None) -> AgentResult:
-    """``store_result`` without blocking the event loop (the store's I/O runs on its own loop)."""
+    """Put ``trace`` in the store (without blocking the event loop: the store's I/O runs on its
+    own loop) and summarise it as an AgentResult."""
     return _agent_result(trace, await (trace_store or TraceStore()).aput(trace))
 
 
