@@ -41,6 +41,7 @@ __all__ = [
     "ReadyTimeoutError",
     "RemoteTaskError",
     "ServerBusyError",
+    "StepFailed",
     "SubstrateGoneError",
     "TaskNotFoundError",
     "UnauthorizedError",
@@ -98,6 +99,18 @@ class ConnectionLostError(DurableRolloutsError, ConnectionError):
 
 class SubstrateGoneError(DurableRolloutsError):
     """The substrate behind an endpoint no longer exists (refused, or its session is unknown)."""
+
+
+class StepFailed(DurableRolloutsError):
+    """One part of a merged step (e.g. ``connecting`` inside provision -> connect -> start) failed.
+
+    ``phase`` names the part; ``cause`` (also ``__cause__``) is the error it raised.
+    """
+
+    def __init__(self, phase: str, cause: BaseException) -> None:
+        super().__init__(str(cause) or type(cause).__name__)
+        self.phase = phase
+        self.cause = cause
 
 
 class ProviderError(DurableRolloutsError):

@@ -19,6 +19,7 @@ __all__ = [
     "AgentResult",
     "ConnectInput",
     "GradeInput",
+    "Opened",
     "ProvisionInput",
     "StartInput",
     "TeardownInput",
@@ -352,6 +353,19 @@ class StartInput(_Model):
     endpoint: Endpoint
     session: Session
     task: Task
+
+
+class Opened(_Model):
+    """What the merged open step (provision -> connect -> start, one activity) returns.
+
+    ``ephemeral``: the substrate lives in the worker process that opened it and dies with it
+    (``LocalRuntime``), so nothing of it can outlive a crash and grade + teardown may run as one step.
+    """
+
+    endpoint: Endpoint
+    session: Session
+    prompt: dict[str, Any]
+    ephemeral: bool = False
 
 
 class CheckpointFence(_Model):

@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 from temporalio import activity
 
 from durable_rollouts.activities.checkpoints import AgentCheckpoints
-from durable_rollouts.activities.failures import map_errors
+from durable_rollouts.activities.failures import map_errors, map_step_errors
 from durable_rollouts.models import (
     AgentInput,
     AgentResult,
@@ -25,6 +25,7 @@ from durable_rollouts.models import (
     Endpoint,
     Grade,
     GradeInput,
+    Opened,
     ProvisionInput,
     Session,
     StartInput,
@@ -37,8 +38,10 @@ from durable_rollouts.sdk.providers import provider_from_spec
 from durable_rollouts.sdk.tracestore import TraceStore
 from durable_rollouts.workflows.types import (
     ACT_AGENT,
+    ACT_CLOSE,
     ACT_CONNECT,
     ACT_GRADE,
+    ACT_OPEN,
     ACT_PROVISION,
     ACT_START,
     ACT_TEARDOWN,
@@ -106,7 +109,7 @@ class RolloutActivities:
 
     def all(self) -> list[Any]:
         return [self.provision, self.connect, self.start, self.agent, self.grade, self.verify,
-                self.teardown, self.verify_open, self.verify_close]
+                self.teardown, self.verify_open, self.verify_close, self.open, self.grade_teardown]
 
     async def _beating(self, step: Awaitable[T],
                        details: Callable[[], tuple[Any, ...]] | None = None) -> T:
@@ -137,6 +140,16 @@ class RolloutActivities:
                 locality = getattr(provider_from_spec(inp.provider), "locality", "global")
                 endpoint.task_queue = self.queues.for_locality(locality)
         return endpoint
+
+    @activity.defn(name=ACT_OPEN)
+    async def open(self, inp: ProvisionInput) -> Opened:
+        """provision -> connect -> start in one step (a fast local substrate)."""
+        provider = provider_from_spec(inp.provider)
+        with map_step_errors():
+            opened = await self._beating(steps.open_rollout(inp.task, inp.key, provider))
+        if opened.endpoint.task_queue is None:
+            opened.endpoint.task_queue = self.queues.for_locality(getattr(provider, "locality", "global"))
+        return opened
 
     @activity.defn(name=ACT_CONNECT)
     async def connect(self, inp: ConnectInput) -> Session:
@@ -193,6 +206,13 @@ class RolloutActivities:
     async def verify_close(self, opened: VerifierSession) -> None:
         with map_errors():
             await verifier.close_verifier(opened)
+
+    @activity.defn(name=ACT_CLOSE)
+    async def grade_teardown(self, inp: GradeInput) -> Grade:
+        """grade -> teardown in one step (a substrate that dies with its worker)."""
+        with map_errors():
+            grade = await self._beating(steps.close_rollout(inp))
+        return grade
 
     @activity.defn(name=ACT_TEARDOWN)
     async def teardown(self, inp: TeardownInput) -> None:

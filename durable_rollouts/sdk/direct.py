@@ -14,15 +14,13 @@ import time
 import uuid
 from typing import TYPE_CHECKING
 
-from ..errors import ConfigError
+from ..errors import ConfigError, StepFailed
 from ..models import (
     AgentInput,
     AgentSpec,
-    ConnectInput,
     Endpoint,
     GradeInput,
     Session,
-    StartInput,
     Step,
     Task,
     Trace,
@@ -122,12 +120,13 @@ class _Batch:
         scope: asyncio.Timeout | None = None
         try:
             async with asyncio.timeout(self.rollout_timeout) as scope:
-                endpoint = await self.runtime.acquire(task, run.rollout_id)
-                phase = "connecting"
-                session = await steps.connect(ConnectInput(endpoint=endpoint))
+                try:
+                    opened = await steps.open_rollout(task, run.rollout_id, self.runtime)
+                except StepFailed as failed:
+                    phase = failed.phase
+                    raise failed.cause from None
+                endpoint, session, run.prompt = opened.endpoint, opened.session, opened.prompt
                 run.bindings = list(session.bindings)
-                phase = "starting task"
-                run.prompt = await steps.start(StartInput(endpoint=endpoint, session=session, task=task))
                 phase = "agent loop"
                 run.trace = await steps.execute_agent(self.agent, AgentInput(
                     endpoint=endpoint, session=session, task=task, prompt=run.prompt,
@@ -136,8 +135,13 @@ class _Batch:
                 result = await steps.astore_result(run.trace, self.store)
                 run.trace_ref = result.trace_ref
                 phase = "grading"
-                grade = await steps.grade(GradeInput(endpoint=endpoint, session=session,
-                                                     answer=run.trace.content, agent_error=result.error))
+                grade_input = GradeInput(endpoint=endpoint, session=session,
+                                         answer=run.trace.content, agent_error=result.error)
+                if task.verifier is None:  # one connection grades and ends the session
+                    grade = await steps.close_rollout(grade_input, provider=self.runtime)
+                    endpoint = None  # released by close_rollout
+                else:
+                    grade = await steps.grade(grade_input)
                 if task.verifier is not None:
                     phase = "verifying"
                     run.trace.extra["actor_grade"] = grade.model_dump(mode="json")

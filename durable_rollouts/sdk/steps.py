@@ -25,6 +25,7 @@ from ..errors import (
     ProtocolError,
     ReadyTimeoutError,
     RemoteTaskError,
+    StepFailed,
     SubstrateGoneError,
     UnauthorizedError,
 )
@@ -36,6 +37,7 @@ from ..models import (
     Endpoint,
     Grade,
     GradeInput,
+    Opened,
     ProvisionInput,
     Session,
     StartInput,
@@ -61,7 +63,9 @@ __all__ = [
     "actor_result",
     "connect",
     "execute_agent",
+    "close_rollout",
     "grade",
+    "open_rollout",
     "provision",
     "run_agent",
     "start",
@@ -174,8 +178,7 @@ async def connect(inp: ConnectInput) -> Session:
     """Open a control-channel session on the endpoint and leave it parked for later steps."""
     client = await _fresh(inp.endpoint, _ready_timeout(inp.endpoint, inp.ready_timeout_s))
     try:
-        return Session(session_id=client.session_id, env_name=client.env.name,
-                       env_version=client.env.version, bindings=list(client.bindings))
+        return _session_of(client)
     finally:
         await client.close()
 
@@ -184,11 +187,51 @@ async def start(inp: StartInput) -> dict[str, Any]:
     """Start ``inp.task`` in the session; returns the prompt frame."""
     client = await _resume(inp.endpoint, inp.session)
     try:
-        return await client.start_task(inp.task.id, dict(inp.task.args))
-    except ProtocolError as exc:
-        _raise_start_error(exc, inp.task)
+        return await _start_task(client, inp.task)
     finally:
         await client.close()
+
+
+async def _start_task(client: EnvClient, task: Task) -> dict[str, Any]:
+    try:
+        return await client.start_task(task.id, dict(task.args))
+    except ProtocolError as exc:
+        _raise_start_error(exc, task)
+
+
+def _session_of(client: EnvClient) -> Session:
+    return Session(session_id=client.session_id, env_name=client.env.name,
+                   env_version=client.env.version, bindings=list(client.bindings))
+
+
+async def open_rollout(task: Task, key: str, provider: DurableProvider) -> Opened:
+    """``provision -> connect -> start`` as one step, over one control connection.
+
+    Idempotent per ``key`` like ``provision``. A failure after provisioning releases the
+    substrate before it is raised (nobody else knows the endpoint yet); every failure is raised
+    as :class:`StepFailed` naming the phase that failed.
+    """
+    try:
+        endpoint = await provider.acquire(task, key)
+    except Exception as exc:
+        raise StepFailed("provisioning", exc) from exc
+    phase, session = "connecting", None
+    try:
+        client = await _fresh(endpoint, _ready_timeout(endpoint))
+        try:
+            session = _session_of(client)
+            phase = "starting task"
+            prompt = await _start_task(client, task)
+        finally:
+            await client.close()
+    except BaseException as exc:
+        with contextlib.suppress(Exception):
+            await asyncio.shield(teardown_with(endpoint, session, provider))
+        if isinstance(exc, Exception):
+            raise StepFailed(phase, exc) from exc
+        raise
+    return Opened(endpoint=endpoint, session=session, prompt=prompt,
+                  ephemeral=bool(getattr(provider, "ephemeral", False)))
 
 
 Checkpointer = Callable[[Checkpoint], Awaitable[None]]
@@ -284,13 +327,41 @@ async def grade(inp: GradeInput) -> Grade:
     """Grade the session's task with the agent's answer (idempotent on the server)."""
     client = await _resume(inp.endpoint, inp.session)
     try:
+        return await _grade_in(client, inp)
+    finally:
+        await client.close()
+
+
+async def _grade_in(client: EnvClient, inp: GradeInput) -> Grade:
+    try:
         frame = await client.grade(inp.answer)
     except ProtocolError as exc:  # the env refused or the task raised: a result, not a retry
         return Grade.error(_grade_failure(exc, inp.agent_error),
                            raw=_failed_raw(inp.answer, inp.agent_error or exc.message))
-    finally:
-        await client.close()
     return _to_grade(frame)
+
+
+async def close_rollout(inp: GradeInput, *, provider: DurableProvider | None = None) -> Grade:
+    """``grade -> teardown`` as one step, over one control connection.
+
+    Only for a substrate that dies with this process (``Opened.ephemeral``): a retry after a crash
+    finds it gone either way. A failed grade is raised and nothing is torn down (the caller's
+    teardown runs); once graded, teardown is best effort and never loses the grade.
+    """
+    client = await _resume(inp.endpoint, inp.session)
+    try:
+        result = await _grade_in(client, inp)
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(_end_in(client), 5.0)
+    finally:
+        with contextlib.suppress(Exception):
+            await client.close()
+    try:
+        await (provider or provider_from_spec(inp.endpoint.provider)).release(inp.endpoint)
+        forget_verdicts(inp.endpoint.key)
+    except Exception as exc:  # noqa: BLE001 - the grade is what matters now
+        log.warning("teardown of %s failed after grading: %s", inp.endpoint.key, exc)
+    return result
 
 
 def _grade_failure(exc: ProtocolError, agent_error: str | None) -> str:
@@ -353,10 +424,14 @@ async def teardown_with(endpoint: Endpoint, session: Session | None, provider: D
 async def _end_session(endpoint: Endpoint, session: Session) -> None:
     client = await _resume(endpoint, session, ready_timeout=1.0)
     try:
-        with contextlib.suppress(ProtocolError):
-            await client.cancel()
-        with contextlib.suppress(ProtocolError):
-            await client.bye()
+        await _end_in(client)
     finally:
         with contextlib.suppress(Exception):
             await client.close()
+
+
+async def _end_in(client: EnvClient) -> None:
+    with contextlib.suppress(ProtocolError):
+        await client.cancel()
+    with contextlib.suppress(ProtocolError):
+        await client.bye()

@@ -24,6 +24,9 @@ class CheckpointHandlers:
 
     _phase: str
 
+    def _patched(self, patch_id: str) -> bool:  # the workflow's (Rollout._patched)
+        raise NotImplementedError
+
     def _init_checkpoints(self) -> None:
         self._checkpoint: Checkpoint | None = None  # the latest one, with all its steps
         self._fence: tuple[int, int] = (0, 0)  # the newest (schedule, attempt) seen
@@ -36,7 +39,7 @@ class CheckpointHandlers:
         history continued by this worker) every schedule is number 0, as its inputs say: the
         fence then orders attempts only.
         """
-        if not workflow.patched("agent-checkpoint-schedules"):
+        if not self._patched("agent-checkpoint-schedules"):
             return 0
         self._agent_schedules += 1
         self._fence = max(self._fence, (self._agent_schedules, 0))

@@ -19,6 +19,7 @@ from durable_rollouts.workflows.types import ERR_CONFIG, ERR_SUBSTRATE_GONE
 __all__ = [
     "STEP_FAILURES",
     "cause_of",
+    "failed_phase",
     "failure_message",
     "is_cancelled",
     "is_config_error",
@@ -70,3 +71,13 @@ def failure_message(err: BaseException) -> str:
         return f"{cause.type.name if cause.type else 'TIMEOUT'} timeout" + (
             f" ({failure_message(cause.cause)})" if cause.cause else "")
     return str(cause) or type(cause).__name__
+
+
+def failed_phase(err: BaseException, default: str) -> str:
+    """The part of a merged step that failed (its failure's ``{"phase": ...}`` detail), else ``default``."""
+    cause = cause_of(err)
+    if isinstance(cause, ApplicationError):
+        for detail in reversed(cause.details):
+            if isinstance(detail, dict) and isinstance(detail.get("phase"), str):
+                return detail["phase"]
+    return default

@@ -1,5 +1,9 @@
 """The ``Rollout`` child workflow: provision -> connect -> start -> agent -> grade -> [verify] -> teardown.
 
+A fast local substrate (``RolloutInput.local_steps``) opens with one merged step, ``open``
+(provision -> connect -> start), and one that dies with its worker closes with one,
+``grade_teardown``; both behind the ``rollout-v2-merged-steps`` patch (``PATCH_V2``).
+
 Deterministic: imports only stdlib, temporalio, pydantic and the pure data models; activities
 are referenced by name (``durable_rollouts.workflows.types``). Ordinary failures never fail the
 workflow: they come back as a ``RolloutResult`` with ``status`` and ``error_phase`` so the parent
@@ -31,6 +35,7 @@ with workflow.unsafe.imports_passed_through():
         Endpoint,
         Grade,
         GradeInput,
+        Opened,
         ProvisionInput,
         RolloutResult,
         Session,
@@ -42,6 +47,7 @@ with workflow.unsafe.imports_passed_through():
     from durable_rollouts.workflows.checkpoints import CheckpointHandlers
     from durable_rollouts.workflows.failures import (
         STEP_FAILURES,
+        failed_phase,
         failure_message,
         is_cancelled,
         is_config_error,
@@ -51,8 +57,10 @@ with workflow.unsafe.imports_passed_through():
     )
     from durable_rollouts.workflows.types import (
         ACT_AGENT,
+        ACT_CLOSE,
         ACT_CONNECT,
         ACT_GRADE,
+        ACT_OPEN,
         ACT_PROVISION,
         ACT_START,
         ACT_TEARDOWN,
@@ -93,11 +101,23 @@ _OPTIONS: dict[str, tuple[timedelta, timedelta | None, int]] = {
     ACT_TEARDOWN: (timedelta(minutes=2), None, 10),
     ACT_VERIFY_OPEN: (timedelta(minutes=10), timedelta(seconds=10), 5),
     ACT_VERIFY_CLOSE: (timedelta(minutes=2), None, 10),
+    ACT_OPEN: (timedelta(minutes=10), timedelta(seconds=10), 5),
+    ACT_CLOSE: (timedelta(minutes=30), timedelta(seconds=10), 5),
 }
 # Short steps that may run as local activities when the substrate is reachable from this worker;
 # provision/teardown too when the substrate is fast and local (``RolloutInput.local_steps``).
 _LOCAL_OK = {ACT_CONNECT, ACT_START, ACT_GRADE}
-_LOCAL_IF_FAST = {ACT_PROVISION, ACT_TEARDOWN}
+_LOCAL_IF_FAST = {ACT_PROVISION, ACT_TEARDOWN, ACT_OPEN, ACT_CLOSE}
+
+# One patch for a Rollout started by this release: it implies every earlier patch below, so a
+# new run records one patch marker (and one TemporalChangeVersion upsert, which temporalio adds to
+# every patch) instead of one per patch. It also turns on the merged steps: a fast local
+# substrate opens with one step (provision -> connect -> start) and, when it dies with its
+# worker, closes with one (grade -> teardown). A run without its marker (started by an older
+# release) asks each earlier patch on its own, exactly as that release did.
+PATCH_V2 = "rollout-v2-merged-steps"
+_IMPLIED_BY_V2 = frozenset({"rollout-search-attributes", "agent-checkpoint-schedules",
+                            "agent-rerun-on-lost-worker", "verify-session-recorded"})
 # How long a step may wait for a host/process queue before the substrate counts as gone.
 _PINNED_SCHEDULE_TO_START = timedelta(minutes=2)
 
@@ -133,6 +153,7 @@ class Rollout(CheckpointHandlers):
         self._timeout_s: float | None = None
         self._local_steps = False
         self._queue = ""
+        self._v2 = False
         self._init_checkpoints()
 
     def _enter(self, phase: str) -> str:
@@ -143,11 +164,19 @@ class Rollout(CheckpointHandlers):
     def phase(self) -> dict[str, Any]:
         return {"phase": self._phase, "attempt": self._attempt}
 
+    def _patched(self, patch_id: str) -> bool:
+        """``workflow.patched``, answered by ``PATCH_V2`` for the patches it implies."""
+        if self._v2 and patch_id in _IMPLIED_BY_V2:
+            return True
+        return workflow.patched(patch_id)
+
     @workflow.run
     async def run(self, inp: RolloutInput) -> RolloutResult:
+        # First, before any command: a run of an older release has no marker of it on replay.
+        self._v2 = workflow.patched(PATCH_V2)
         # New command (upserts): only where the parent says the attributes exist, behind a patch.
-        publish = inp.search_attributes and workflow.patched("rollout-search-attributes")
-        if publish:
+        publish = inp.search_attributes and self._patched("rollout-search-attributes")
+        if publish and not inp.status_at_start:
             workflow.upsert_search_attributes([KEY_STATUS.value_set("running")])
         try:
             result = await self._run(inp)
@@ -203,23 +232,34 @@ class Rollout(CheckpointHandlers):
         key = inp.rollout_id if attempt == 1 else f"{inp.rollout_id}-a{attempt}"
         endpoint: Endpoint | None = None
         session: Session | None = None
+        merged = self._local_steps and self._v2
+        ephemeral = False
         try:
             phase = self._enter("provisioning")
-            endpoint = await self._step(ACT_PROVISION, ProvisionInput(key=key, task=inp.task, provider=inp.provider),
-                                        Endpoint, None)
-            phase = self._enter("connecting")
-            session = await self._step(ACT_CONNECT, ConnectInput(endpoint=endpoint), Session, endpoint)
-            phase = self._enter("starting task")
-            prompt = await self._step(ACT_START, StartInput(endpoint=endpoint, session=session, task=inp.task),
-                                      dict, endpoint)
+            provision = ProvisionInput(key=key, task=inp.task, provider=inp.provider)
+            if merged:
+                opened: Opened = await self._step(ACT_OPEN, provision, Opened, None)
+                endpoint, session, prompt = opened.endpoint, opened.session, opened.prompt
+                ephemeral = opened.ephemeral
+            else:
+                endpoint = await self._step(ACT_PROVISION, provision, Endpoint, None)
+                phase = self._enter("connecting")
+                session = await self._step(ACT_CONNECT, ConnectInput(endpoint=endpoint), Session, endpoint)
+                phase = self._enter("starting task")
+                prompt = await self._step(ACT_START, StartInput(endpoint=endpoint, session=session,
+                                                                task=inp.task), dict, endpoint)
             phase = self._enter("agent loop")
             agent = await self._agent(inp, endpoint, session, prompt)
             if agent is None:  # ConfigError: the agent cannot even be built; nothing to grade
                 raise _Errored(phase, self._agent_config_error)
             phase = self._enter("grading")
-            grade = await self._step(ACT_GRADE, GradeInput(endpoint=endpoint, session=session,
-                                                          answer=agent.content, agent_error=agent.error),
-                                     Grade, endpoint)
+            grade_input = GradeInput(endpoint=endpoint, session=session, answer=agent.content,
+                                     agent_error=agent.error)
+            if ephemeral and inp.task.verifier is None:
+                grade = await self._step(ACT_CLOSE, grade_input, Grade, endpoint)
+                endpoint = None  # torn down by the same step: nothing is left for the finally
+                return self._graded(inp, agent, grade)
+            grade = await self._step(ACT_GRADE, grade_input, Grade, endpoint)
             if inp.task.verifier is not None:
                 phase = self._enter("verifying")
                 grade = await self._verify(inp, endpoint, session, _actor_raw(grade, agent), attempt)
@@ -227,6 +267,7 @@ class Rollout(CheckpointHandlers):
         except STEP_FAILURES as err:
             if is_cancelled(err):
                 raise asyncio.CancelledError() from err
+            phase = failed_phase(err, phase)  # which part of a merged step
             if is_substrate_gone(err):
                 raise _SubstrateGone(phase, failure_message(err)) from None
             status = "failed" if phase in _BEFORE_LAUNCH else "errored"
@@ -263,7 +304,7 @@ class Rollout(CheckpointHandlers):
                 # worker's open long polls swallow retries until they expire (~70 s), so all
                 # attempts can be spent in ~40 s. Schedule the step afresh a few times.
                 if (is_heartbeat_timeout(err) and lost < _AGENT_LOST_WORKER_ROUNDS
-                        and workflow.patched("agent-rerun-on-lost-worker")):
+                        and self._patched("agent-rerun-on-lost-worker")):
                     lost += 1
                     workflow.logger.warning("rollout %s: agent lost its worker on every attempt; "
                                             "scheduling it again (%d)", inp.rollout_id, lost)
@@ -275,7 +316,7 @@ class Rollout(CheckpointHandlers):
     async def _verify(self, inp: RolloutInput, endpoint: Endpoint, session: Session,
                       actor_raw: dict[str, Any], attempt: int) -> Grade:
         assert inp.task.verifier is not None
-        if workflow.patched("verify-session-recorded"):
+        if self._patched("verify-session-recorded"):
             return await self._verify_recorded(inp, endpoint, session, actor_raw, attempt)
         last = ""
         for v in range(1, inp.max_attempts + 1):

@@ -309,11 +309,13 @@ class TasksetRun:
                              row_index=row_index, task=task, agent=inp.agent, provider=inp.provider,
                              rollout_timeout_s=inp.rollout_timeout_s, max_attempts=inp.max_attempts,
                              local_steps=inp.local_steps, task_queue=inp.task_queue,
-                             search_attributes=inp.search_attributes, retry=retry)
+                             search_attributes=inp.search_attributes, retry=retry,
+                             status_at_start=inp.search_attributes)
         attrs = None
-        if inp.search_attributes:
+        if inp.search_attributes:  # the child's status starts as running: one upsert less per child
             attrs = TypedSearchAttributes([SearchAttributePair(KEY_JOB_ID, inp.job_id),
-                                           SearchAttributePair(KEY_TASK_SLUG, task.slug)])
+                                           SearchAttributePair(KEY_TASK_SLUG, task.slug),
+                                           SearchAttributePair(KEY_STATUS, "running")])
         # Web UI summary: task, group index, attempt (the first attempt keeps the old text).
         summary = f"{task.slug} #{group_index}" + (f" attempt {retry + 1}" if retry else "")
         try:

@@ -25,7 +25,9 @@ __all__ = [
     "ACT_AGENT",
     "ACT_CONNECT",
     "ACT_GRADE",
+    "ACT_CLOSE",
     "ACT_LOAD_ROWS",
+    "ACT_OPEN",
     "ACT_PROVISION",
     "ACT_RESOLVE",
     "ACT_START",
@@ -76,6 +78,10 @@ ACT_VERIFY = "rollouts.verify"
 ACT_VERIFY_OPEN = "rollouts.verify_open"
 ACT_VERIFY_CLOSE = "rollouts.verify_close"
 ACT_TEARDOWN = "rollouts.teardown"
+# Merged steps for fast local substrates (patch "merged-local-steps"): provision -> connect ->
+# start as one, and grade -> teardown as one where the substrate dies with its worker.
+ACT_OPEN = "rollouts.open"
+ACT_CLOSE = "rollouts.grade_teardown"
 
 # ApplicationError types the activities raise (activities.failures) and the workflows react to.
 ERR_CONFIG = "ConfigError"  # a user mistake: never retried
@@ -212,6 +218,8 @@ class RolloutInput(_Model):
     # Upsert RolloutsStatus/Reward/ErrorPhase (the parent knows they are registered); False in
     # every history recorded before these attributes existed.
     search_attributes: bool = False
+    # The parent set RolloutsStatus=running when it started this child: no upsert of it here.
+    status_at_start: bool = False
     retry: int = 0  # fresh re-runs before this one (the child id then ends in -r<retry>)
 
 

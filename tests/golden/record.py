@@ -43,6 +43,7 @@ from temporal_helpers import ENV_FILE, CountingAgent, DevServer, WorkerProcess, 
 from durable_rollouts.models import Task  # noqa: E402
 from durable_rollouts.sdk.agents import FixedAgent, TableAgent  # noqa: E402
 from durable_rollouts.sdk.job import Job  # noqa: E402
+from durable_rollouts.sdk.lifetime import session  # noqa: E402
 from durable_rollouts.temporal.batches import JobHandle, shutdown_embedded, start_job  # noqa: E402
 from durable_rollouts.sdk.providers import LocalRuntime, SubprocessRuntime  # noqa: E402
 from durable_rollouts.sdk.taskset import Taskset  # noqa: E402
@@ -199,15 +200,21 @@ async def scenario_session(ctx: Ctx) -> str:
 async def scenario_resumed(ctx: Ctx) -> str:
     from flaky_agent import FlakyAgent
 
-    from durable_rollouts.temporal.jobs import load_job
-    from durable_rollouts.temporal.resume import plan_resume, start_resume
-
     marker = ctx.evidence / "fixed"
     ts = Taskset("golden-resume", [
         Task(env="counting", id="echo", source=ENV_FILE, args={"expected": "", "tag": "ok"}),
         Task(env="counting", id="echo", source=ENV_FILE, args={"expected": "", "tag": "flaky"}),
     ])
     agent = FlakyAgent(fail_ids=["echo"], marker=str(marker))
+    async with session():  # the in-process worker must outlive the first batch: resume needs it
+        await _resume_after_errors(ctx, ts, agent, marker)
+    return "a batch with 2 errored rollouts, then `rollouts resume` re-runs one (a second run, only=...)"
+
+
+async def _resume_after_errors(ctx: Ctx, ts: Taskset, agent: Any, marker: Path) -> None:
+    from durable_rollouts.temporal.jobs import load_job
+    from durable_rollouts.temporal.resume import plan_resume, start_resume
+
     h = await start_job(ts, agent, runtime=LocalRuntime(ENV_FILE), temporal=ctx.client, worker=True,
                         task_queue=ctx.queue)
     ctx.track(h)
@@ -222,7 +229,6 @@ async def scenario_resumed(ctx: Ctx) -> str:
     ctx.track(resumed)
     result = await resumed.result()
     assert result.progress.total == 2 and result.progress.succeeded == 1, result.progress
-    return "a batch with 2 errored rollouts, then `rollouts resume` re-runs one (a second run, only=...)"
 
 
 SCENARIOS: dict[str, Callable[[Ctx], Awaitable[str]]] = {

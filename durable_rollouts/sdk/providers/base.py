@@ -81,6 +81,9 @@ class DurableProvider(ABC):
     locality: ClassVar[Locality] = "global"
     """Where an endpoint can be reached from: this process, this host, or anywhere."""
 
+    ephemeral: ClassVar[bool] = False
+    """True when a substrate lives inside the process that provisioned it and dies with it."""
+
     honours: ClassVar[frozenset[str]] = frozenset()
     """Dotted ``RuntimeConfig`` fields this provider can honour; any other set field is rejected."""
 

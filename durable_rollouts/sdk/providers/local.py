@@ -63,6 +63,7 @@ class LocalRuntime(DurableProvider):
 
     kind: ClassVar[str] = "local"
     locality: ClassVar[Locality] = "process"
+    ephemeral: ClassVar[bool] = True  # served by this process's event loop
     honours: ClassVar[frozenset[str]] = frozenset({"limits.startup_timeout_s"})
 
     def __init__(self, source: Any = None, *, env_name: str | None = None,
