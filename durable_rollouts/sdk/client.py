@@ -319,11 +319,16 @@ async def connect(
     session_id: str | None = None,
     token: str | None = None,
     keepalive_s: float | None = 60.0,
+    refused_limit: int | None = None,
 ) -> EnvClient:
     """Connect and say ``hello`` (resuming ``session_id`` if given), retrying until ready.
 
+    ``refused_limit``: re-raise a refused (or reset) connection once it happened that many times
+    in a row, instead of retrying until ``ready_timeout`` (a resume: nothing listens any more).
+
     Raises:
         ReadyTimeoutError: no ``hello`` reply within ``ready_timeout`` seconds.
+        ConnectionRefusedError, ConnectionResetError: ``refused_limit`` refusals in a row.
         ProtocolError: the server answered ``hello`` with an error (unknown session, bad token...).
         ConfigError: ``url`` is not ``tcp://host:port``.
     """
@@ -331,6 +336,7 @@ async def connect(
     deadline = time.monotonic() + ready_timeout
     delay = 0.1
     last: BaseException | None = None
+    refused = 0
     while True:
         remaining = deadline - time.monotonic()
         if remaining <= 0:
@@ -348,6 +354,9 @@ async def connect(
             last = exc
             if client is not None:
                 await client.close()
+            refused = refused + 1 if isinstance(exc, (ConnectionRefusedError, ConnectionResetError)) else 0
+            if refused_limit is not None and refused >= refused_limit:
+                raise
         else:
             assert client is not None
             if keepalive_s:

@@ -80,6 +80,7 @@ HEARTBEAT_EVERY_S = 1.0
 DEFAULT_READY_TIMEOUT_S = 60.0
 RESUME_TIMEOUT_S = 30.0
 _RESUME_BACKOFF_S = (0.05, 0.1, 0.2, 0.4, 0.8)  # a just-closed session may not be parked yet
+_REFUSED_LIMIT = 3  # refusals in a row (0.1 s, 0.2 s apart) before a resumed substrate counts as gone
 
 
 # ---------------------------------------------------------------------------------------------
@@ -97,11 +98,12 @@ def _ready_timeout(endpoint: Endpoint, override: float | None = None) -> float:
     return DEFAULT_READY_TIMEOUT_S
 
 
-async def _hello(endpoint: Endpoint, ready_timeout: float, session_id: str | None = None) -> EnvClient:
+async def _hello(endpoint: Endpoint, ready_timeout: float, session_id: str | None = None,
+                 refused_limit: int | None = None) -> EnvClient:
     """Connect with the endpoint's token (derived again from its key: never stored in history)."""
     try:
         return await _open(endpoint.url, ready_timeout=ready_timeout, session_id=session_id,
-                           token=endpoint_token(endpoint))
+                           token=endpoint_token(endpoint), refused_limit=refused_limit)
     except UnauthorizedError as exc:
         if not uses_derived_token(endpoint):
             raise
@@ -137,13 +139,18 @@ async def _probe(endpoint: Endpoint) -> None:
 
 
 async def _resume(endpoint: Endpoint, session: Session, ready_timeout: float | None = None) -> EnvClient:
-    """Reconnect to ``session``; refused or unknown session -> SubstrateGoneError."""
-    await _probe(endpoint)
+    """Reconnect to ``session``; refused or unknown session -> SubstrateGoneError.
+
+    A refused port is retried briefly (as ``_probe`` does) and then reported gone at once, while
+    a slow substrate (a busy env loop) gets the whole resume timeout: no separate probe connection.
+    """
     timeout = ready_timeout or float(endpoint.params.get("resume_timeout", RESUME_TIMEOUT_S))
     last: ProtocolError | None = None
     for delay in (*_RESUME_BACKOFF_S, None):
         try:
-            return await _hello(endpoint, timeout, session.session_id)
+            return await _hello(endpoint, timeout, session.session_id, refused_limit=_REFUSED_LIMIT)
+        except (ConnectionRefusedError, ConnectionResetError) as exc:
+            raise SubstrateGoneError(f"substrate at {endpoint.url} refuses connections: {exc}") from exc
         except ReadyTimeoutError as exc:
             raise SubstrateGoneError(f"substrate at {endpoint.url} is gone: {exc}") from exc
         except ProtocolError as exc:

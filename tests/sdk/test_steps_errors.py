@@ -144,3 +144,65 @@ async def test_unimportable_agent_is_a_config_error(tmp_path: Path) -> None:
     finally:
         await runtime.release(endpoint)
         await runtime.release(endpoint)  # idempotent
+
+
+async def test_a_refused_resume_is_gone_quickly_without_waiting_out_the_resume_timeout() -> None:
+    """No probe connection before a resume any more: the resume itself gives up after a few
+    refusals (about 0.3 s), instead of retrying for the whole 30 s resume timeout."""
+    import time
+
+    endpoint = await Runtime(f"tcp://127.0.0.1:{_free_port()}").acquire(Task(env="x", id="y"), "k")
+    session = Session(session_id="gone", env_name="x", env_version="0")
+    began = time.monotonic()
+    with pytest.raises(SubstrateGoneError, match="refuses connections"):
+        await steps.grade(GradeInput(endpoint=endpoint, session=session, answer="1"))
+    assert time.monotonic() - began < 5.0
+
+
+class _CountingRuntime(LocalRuntime):
+    """A LocalRuntime that counts acquires and releases (the env is served in this process)."""
+
+    def __init__(self) -> None:
+        super().__init__(env)
+        self.acquired: list[str] = []
+        self.released: list[str] = []
+
+    async def acquire(self, task: Task, key: str):  # type: ignore[override]
+        self.acquired.append(key)
+        return await super().acquire(task, key)
+
+    async def release(self, endpoint) -> None:  # type: ignore[override]
+        self.released.append(endpoint.key)
+        await super().release(endpoint)
+
+
+async def test_open_rollout_names_the_phase_that_failed_and_releases_the_substrate() -> None:
+    """provision -> connect -> start in one step: a rejected start is a ConfigError of phase
+    'starting task', and the substrate it provisioned is released before the error is raised."""
+    from durable_rollouts.errors import StepFailed
+
+    runtime = _CountingRuntime()
+    with pytest.raises(StepFailed) as caught:
+        await steps.open_rollout(Task(env="steps", id="needs_int", args={"n": "x"}), "k1", runtime)
+    assert caught.value.phase == "starting task" and isinstance(caught.value.cause, ConfigError)
+    assert runtime.acquired == runtime.released == ["k1"]
+
+    opened = await steps.open_rollout(Task(env="steps", id="needs_int", args={"n": 3}), "k2", runtime)
+    assert opened.prompt["prompt"] == "n=3" and opened.ephemeral and opened.session.env_name == "steps"
+    grade = await steps.close_rollout(GradeInput(endpoint=opened.endpoint, session=opened.session,
+                                                 answer="3"), provider=runtime)
+    assert grade.reward == 1.0 and not grade.is_error
+    assert runtime.released == ["k1", "k2"]  # close_rollout graded and released in one step
+
+
+async def test_close_rollout_raises_a_failed_grade_and_tears_nothing_down() -> None:
+    """A grade that cannot reach its session is raised; teardown is left to the caller."""
+    runtime = _CountingRuntime()
+    opened = await steps.open_rollout(Task(env="steps", id="no_score"), "k3", runtime)
+    stale = opened.session.model_copy(update={"session_id": "not-a-session"})
+    with pytest.raises(SubstrateGoneError, match="not-a-session"):
+        await steps.close_rollout(GradeInput(endpoint=opened.endpoint, session=stale, answer="1"),
+                                  provider=runtime)
+    assert runtime.released == []
+    await steps.teardown_with(opened.endpoint, opened.session, runtime)
+    assert runtime.released == ["k3"]

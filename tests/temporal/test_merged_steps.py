@@ -1,0 +1,78 @@
+"""The shape of a Rollout started by this release (patch ``rollout-v2-merged-steps``).
+
+A fast local substrate opens with one local activity (provision -> connect -> start); one that
+dies with its worker (``LocalRuntime``) also closes with one (grade -> teardown); a subprocess
+substrate, which outlives a killed worker, keeps grade and teardown apart. Every new Rollout
+records one patch marker, and its status starts as running at the child's start (no upsert).
+Counted from the real histories of a dev server.
+"""
+
+from __future__ import annotations
+
+import json
+
+from temporal_helpers import ENV_FILE
+
+from durable_rollouts.models import Task
+from durable_rollouts.sdk.agents import FixedAgent
+from durable_rollouts.sdk.providers import LocalRuntime, SubprocessRuntime
+from durable_rollouts.sdk.taskset import Taskset
+from durable_rollouts.temporal.batches import run_taskset
+from durable_rollouts.workflows.types import ACT_AGENT, ACT_CLOSE, ACT_GRADE, ACT_OPEN, ACT_TEARDOWN
+
+
+def _echo(expected: str) -> Task:
+    return Task(env="counting", id="echo", args={"expected": expected}, source=ENV_FILE)
+
+
+async def _shape(client, job_id: str) -> list[list[str]]:
+    """Per Rollout: its steps in order (local activities by marker), patch markers, upserts."""
+    shapes = []
+    async for wf in client.list_workflows(f'WorkflowType="Rollout" AND RolloutsJobId="{job_id}"'):
+        steps = []
+        history = await client.get_workflow_handle(wf.id, run_id=wf.run_id).fetch_history()
+        for event in history.events:
+            if event.HasField("marker_recorded_event_attributes"):
+                marker = event.marker_recorded_event_attributes
+                if marker.marker_name == "core_patch":
+                    steps.append("patch")
+                else:
+                    data = json.loads(marker.details["data"].payloads[0].data)
+                    steps.append(data["activity_type"])
+            elif event.HasField("activity_task_scheduled_event_attributes"):
+                steps.append(event.activity_task_scheduled_event_attributes.activity_type.name)
+            elif event.HasField("upsert_workflow_search_attributes_event_attributes"):
+                fields = event.upsert_workflow_search_attributes_event_attributes.search_attributes.indexed_fields
+                steps.extend(f"upsert {name}" for name in sorted(fields) if name != "TemporalChangeVersion")
+        shapes.append(steps)
+    return shapes
+
+
+async def test_an_in_process_substrate_opens_and_closes_with_one_step_each(client, task_queue) -> None:
+    job = await run_taskset(Taskset("merged", [_echo("a"), _echo("b")]), FixedAgent(answer="a"),
+                            runtime=LocalRuntime(ENV_FILE), temporal=client, worker=True,
+                            task_queue=task_queue)
+    assert [r.reward for r in job.runs] == [1.0, 0.0] and [r.status for r in job.runs] == ["succeeded"] * 2
+    shapes = await _shape(client, job.id)
+    assert shapes == [["patch", ACT_OPEN, ACT_AGENT, ACT_CLOSE,
+                       "upsert RolloutsReward", "upsert RolloutsStatus"]] * 2, shapes
+
+
+async def test_a_subprocess_substrate_opens_with_one_step_and_keeps_grade_and_teardown_apart(
+        client, task_queue) -> None:
+    job = await run_taskset(Taskset("merged-sub", [_echo("a")]), FixedAgent(answer="a"),
+                            runtime=SubprocessRuntime(ENV_FILE), temporal=client, worker=True,
+                            task_queue=task_queue)
+    assert [(r.status, r.reward) for r in job.runs] == [("succeeded", 1.0)]
+    assert await _shape(client, job.id) == [["patch", ACT_OPEN, ACT_AGENT, ACT_GRADE, ACT_TEARDOWN,
+                                             "upsert RolloutsReward", "upsert RolloutsStatus"]]
+
+
+async def test_a_rejected_start_in_the_merged_step_is_a_failed_start(client, task_queue) -> None:
+    """The merged step's failure names its part: a bad task id fails in 'starting task'."""
+    bad = Task(env="counting", id="no_such_task", source=ENV_FILE)
+    job = await run_taskset(Taskset("merged-bad", [bad]), FixedAgent(answer="a"),
+                            runtime=LocalRuntime(ENV_FILE), temporal=client, worker=True,
+                            task_queue=task_queue)
+    (run,) = job.runs
+    assert (run.status, run.error_phase) == ("failed", "starting task"), run.error
