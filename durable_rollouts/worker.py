@@ -41,6 +41,7 @@ from durable_rollouts.activities.owner import OwnerInterceptor
 from durable_rollouts.release import worker_identity
 from durable_rollouts.sdk.board import BOARD
 from durable_rollouts.sdk.tracestore import TraceStore
+from durable_rollouts.temporal.activations import activation_executor
 from durable_rollouts.temporal.storage import storage_url
 from durable_rollouts.workflows import Rollout, TasksetRun
 from durable_rollouts.workflows.types import DEFAULT_TASK_QUEUE
@@ -154,6 +155,7 @@ def build_worker(client: Client, *, task_queue: str = DEFAULT_TASK_QUEUE, host_q
         sandbox: run workflows in temporalio's sandbox or unsandboxed (faster); None reads
             ``ROLLOUTS_WORKFLOW_SANDBOX`` (default off: these workflows import only pure models,
             and the purity and replay tests guard them; the sandbox costs ~30% worker CPU).
+            Unsandboxed activations run inline on this event loop (``temporal.activations``).
         identity: the Temporal worker identity; default ``durable-rollouts <version> (<commit>)
             <pid>@<host>``, so a failed workflow task (e.g. non-determinism) names the release.
         gc_every_s: remove orphaned substrates every this many seconds while running, asking
@@ -185,6 +187,7 @@ def build_worker(client: Client, *, task_queue: str = DEFAULT_TASK_QUEUE, host_q
         client, task_queue=task_queue, workflows=WORKFLOWS, activities=activities,
         workflow_runner=runner if sandbox else _unsandboxed(),
         max_concurrent_workflow_tasks=max_concurrent_workflow_tasks,
+        workflow_task_executor=activation_executor(sandbox),  # on this loop: no thread hop
         sticky_queue_schedule_to_start_timeout=timedelta(seconds=5),
         **{**common, "interceptors": [*common["interceptors"], _Board()]},
     )]

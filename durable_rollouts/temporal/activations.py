@@ -1,0 +1,73 @@
+"""Run workflow activations on the worker's own event loop instead of a thread pool.
+
+temporalio hands every workflow activation to ``workflow_task_executor`` (a thread pool by
+default) so that a workflow which blocks can be detected (2 s deadlock timeout). Our workflows
+are thin and deterministic (no I/O, no blocking calls; the purity and replay tests guard that),
+and with the GIL the pool only adds a thread hop and GIL hand-offs to every activation: running
+them inline saves ~10% of the worker's CPU per rollout (``benchmarks/README.md``). This is the
+same inline path temporalio takes in its ``debug_mode``, reached through the documented
+executor parameter instead.
+
+What is given up: temporalio's deadlock detection. In its place an activation slower than
+``SLOW_ACTIVATION_S`` is logged (it held the whole worker's loop). ``ROLLOUTS_INLINE_ACTIVATIONS=0``
+goes back to the thread pool. Pure asyncio + concurrent.futures; no temporalio import.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import os
+import time
+from collections.abc import Callable
+from typing import Any
+
+__all__ = ["ENV", "SLOW_ACTIVATION_S", "InlineActivations", "activation_executor"]
+
+log = logging.getLogger(__name__)
+
+ENV = "ROLLOUTS_INLINE_ACTIVATIONS"
+SLOW_ACTIVATION_S = 2.0  # temporalio's deadlock timeout
+
+
+class InlineActivations(concurrent.futures.ThreadPoolExecutor):
+    """An "executor" that runs each submitted call soon on the calling thread's event loop.
+
+    ``submit`` must be called from a running loop (temporalio calls it through
+    ``loop.run_in_executor`` from its activation task). The call runs from ``call_soon``, outside
+    the submitting task's step, and the thread's running-loop registration (which a workflow
+    activation swaps for its own loop) is restored afterwards. No thread is ever started.
+    """
+
+    def __init__(self) -> None:
+        super().__init__(max_workers=1, thread_name_prefix="unused")
+
+    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> concurrent.futures.Future:
+        future: concurrent.futures.Future = concurrent.futures.Future()
+        loop = asyncio.get_running_loop()
+
+        def run() -> None:
+            if not future.set_running_or_notify_cancel():
+                return
+            main = asyncio._get_running_loop()
+            began = time.monotonic()
+            try:
+                future.set_result(fn(*args, **kwargs))
+            except BaseException as exc:  # noqa: BLE001 - handed to the awaiting task
+                future.set_exception(exc)
+            finally:
+                asyncio._set_running_loop(main)
+            took = time.monotonic() - began
+            if took > SLOW_ACTIVATION_S:
+                log.warning("a workflow activation took %.1f s and held the worker's event loop", took)
+
+        loop.call_soon(run)
+        return future
+
+
+def activation_executor(sandboxed: bool) -> concurrent.futures.ThreadPoolExecutor | None:
+    """The ``workflow_task_executor`` for a worker: inline unless sandboxed or turned off."""
+    if sandboxed or os.environ.get(ENV, "1").lower() in ("0", "false", "no"):
+        return None  # temporalio's own thread pool
+    return InlineActivations()
