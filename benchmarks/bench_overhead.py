@@ -232,6 +232,16 @@ def ratio(rows: dict[str, Row], num: str, den: str, label: str, attr: str = "wal
         print(f"  {label} {what} ratio {rows[den].median(attr) / rows[num].median(attr):.2f}")
 
 
+def cpu_ratio(rows: dict[str, Row], n: int) -> None:
+    """Worker CPU per rollout against a plain temporalio child's: raw, and with the env + agent
+    work that every path with an environment pays (the direct path's CPU) taken out."""
+    if not all(k in rows for k in ("durable", "plain", "direct")) or rows["plain"].median("cpu") <= 0:
+        return
+    durable, plain, direct = (rows[k].median("cpu") / n * 1000 for k in ("durable", "plain", "direct"))
+    print(f"  durable/plain worker cpu ratio {durable / plain:.2f} "
+          f"(orchestration only, durable - direct: {durable - direct:.1f} ms = {(durable - direct) / plain:.2f}x plain)")
+
+
 async def main(args: argparse.Namespace) -> None:
     from durable_rollouts.sdk.agents import FixedAgent
     from durable_rollouts.sdk.direct import run_direct
@@ -262,6 +272,7 @@ async def main(args: argparse.Namespace) -> None:
         ratio(rows, "durable", "direct", "durable/direct")
         ratio(rows, "durable", "plain", "durable/plain")
         ratio(rows, "durable", "plain-6steps", "durable/plain-6steps")
+        cpu_ratio(rows, args.n)
         ratio(rows, "cli", "cli-json", "cli (progress bar)/cli --json")
         ratio(rows, "cli", "durable", "cli (progress bar)/Taskset.run")
         # The CLI's wall includes its start-up (imports, connecting): compare the batches too.

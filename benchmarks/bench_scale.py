@@ -3,9 +3,11 @@
 Reports wall time, rollouts/s, the worker's peak RSS (this process) and the longest history of
 any workflow run (TasksetRun runs after continue-as-new, and Rollout children); the bytes per
 rollout kept in history (sum of event sizes from fetch_history) vs in ``--storage`` (objects
-added during the run); and the direct executor on the same tasks in the same run (``--direct``).
+added during the run); and, in the same run, the direct executor on the same tasks (``--direct``)
+and plain temporalio (``--plain``: one parent workflow, one child per rollout, one no-op activity
+each, on the same server; ``_plain.py``), the floor of any children + activities layout here.
 
-    python benchmarks/bench_scale.py --n 10000 --concurrency 256 [--storage file|moto|URL]
+    python benchmarks/bench_scale.py --n 10000 --concurrency 256 [--plain] [--direct] [--storage file|moto|URL]
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from _common import LETTERS, letter_tasks, peak_rss_mb, private_home
 from _storage import add_storage_option, history_bytes, storage_bytes, use_storage
 
 
-async def main(n: int, concurrency: int, sample: int, storage: str, direct: bool) -> None:
+async def main(n: int, concurrency: int, sample: int, storage: str, direct: bool, plain: bool) -> None:
     from durable_rollouts.sdk.agents import FixedAgent
     from durable_rollouts.temporal.batches import _client, shutdown_embedded, start_job
     from durable_rollouts.sdk.providers import LocalRuntime
@@ -55,6 +57,7 @@ async def main(n: int, concurrency: int, sample: int, storage: str, direct: bool
             sample -= 1
             child_max = max(child_max, wf.history_length)
     counts = job.status_counts()
+    plain_line = await _plain_run(client, server, n, concurrency) if plain else None
     await shutdown_embedded()
     direct_wall = None
     if direct:
@@ -79,9 +82,31 @@ async def main(n: int, concurrency: int, sample: int, storage: str, direct: bool
           f" + Rollout {hist['child_bytes'] / n:.0f}; children sampled: {sampled or 'all'})")
     print(f"storage bytes       {(stored1 - stored0) / n:.0f} B/rollout "
           f"({objects1 - objects0} objects, {(stored1 - stored0) / 1e6:.1f} MB)")
+    if plain_line is not None:
+        plain_wall, line = plain_line
+        print(f"{line}; durable/plain throughput {plain_wall / wall:.2f}")
     if direct_wall is not None:
         print(f"direct              {direct_wall:.1f} s = {n / direct_wall:.1f} rollouts/s; "
               f"durable/direct throughput {direct_wall / wall:.2f}")
+
+
+async def _plain_run(ours: object, server: psutil.Process, n: int, concurrency: int) -> tuple[float, str]:
+    """The same number of trivial children through plain temporalio, on the same server."""
+    from _plain import plain_worker, run_plain
+    from temporalio.client import Client
+
+    client = await Client.connect(ours.service_client.config.target_host)  # type: ignore[attr-defined]
+    me = psutil.Process()
+    async with plain_worker(client):
+        await run_plain(client, "scale-warm", 2, 2, 0.0)
+        cpu0, server0, t0 = _cpu(me), _cpu(server), time.perf_counter()
+        done = await run_plain(client, "scale", n, concurrency, 0.0)
+        wall = time.perf_counter() - t0
+        cpu, server_cpu = _cpu(me) - cpu0, _cpu(server) - server0
+    assert done == n, f"plain: {done}/{n} children answered"
+    return wall, (f"plain temporalio   {wall:.1f} s = {n / wall:.1f} rollouts/s; CPU per rollout worker "
+                  f"{1000 * cpu / n:.1f} ms, server {1000 * server_cpu / n:.1f} ms "
+                  f"({(cpu + server_cpu) / wall:.2f} cores busy)")
 
 
 def _cpu(proc: psutil.Process) -> float:
@@ -95,7 +120,8 @@ if __name__ == "__main__":
     parser.add_argument("--concurrency", type=int, default=256)
     parser.add_argument("--sample", type=int, default=200, help="children whose history to check")
     parser.add_argument("--direct", action="store_true", help="also run the direct executor")
+    parser.add_argument("--plain", action="store_true", help="also run plain temporalio (same server)")
     add_storage_option(parser)
     args = parser.parse_args()
     with private_home() as home, use_storage(args.storage, home) as url:
-        asyncio.run(main(args.n, args.concurrency, args.sample, url, args.direct))
+        asyncio.run(main(args.n, args.concurrency, args.sample, url, args.direct, args.plain))

@@ -1,0 +1,134 @@
+"""Worker and server CPU per rollout of one durable batch, with parts of the worker switched off.
+
+    python benchmarks/bench_worker_cpu.py [--n 256] [--sleep 2] [--concurrency 64] [--repeats 2]
+        [--variants base,pool,no-owner,no-heartbeat,no-board]
+
+Each run is a fresh ``python`` process (so a variant's switch cannot leak into the next) on one
+shared embedded server (a private ``ROLLOUTS_HOME``), and the variants are interleaved
+``--repeats`` times, medians compared. A variant is an A/B of one per-rollout cost:
+
+- ``base``: the worker as shipped;
+- ``pool``: workflow activations on temporalio's thread pool (``ROLLOUTS_INLINE_ACTIVATIONS=0``)
+  instead of inline on the worker's loop;
+- ``no-owner``: without the ``OwnerInterceptor`` (substrate owner labels; benchmark only);
+- ``no-heartbeat``: the agent step's background heartbeat off (benchmark only);
+- ``no-board``: without the live-progress board interceptor (benchmark only).
+
+Prints wall, rollouts/s, CPU ms per rollout of the worker process (worker + client + the
+in-process env) and of the dev server, and each variant's worker CPU against ``base``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _common import LETTERS, letter_tasks, private_home  # noqa: E402
+
+VARIANTS = ("base", "pool", "no-owner", "no-heartbeat", "no-board")
+
+
+def _switch_off(variant: str) -> None:
+    """Apply one variant inside the run process (before the worker is built)."""
+    if variant == "pool":
+        os.environ["ROLLOUTS_INLINE_ACTIVATIONS"] = "0"
+    from temporalio.worker import Interceptor
+
+    import durable_rollouts.worker as worker
+
+    if variant == "no-owner":
+        worker.OwnerInterceptor = Interceptor  # type: ignore[misc]
+    if variant == "no-board":
+        worker._Board = Interceptor  # type: ignore[misc]
+    if variant == "no-heartbeat":
+        from durable_rollouts.activities.rollout import RolloutActivities
+
+        async def no_beat(self, step, details=None):  # type: ignore[no-untyped-def]
+            return await step
+
+        RolloutActivities._beating = no_beat  # type: ignore[method-assign]
+
+
+async def _one(variant: str, n: int, sleep: float, concurrency: int) -> dict[str, float]:
+    import psutil
+
+    import durable_rollouts
+    from durable_rollouts.sdk.agents import FixedAgent, SleepAgent
+    from durable_rollouts.sdk.paths import rollouts_home
+    from durable_rollouts.sdk.providers import LocalRuntime
+    from durable_rollouts.sdk.taskset import Taskset
+
+    _switch_off(variant)
+    runtime = LocalRuntime(LETTERS)
+    async with durable_rollouts.session():
+        await Taskset("warm", letter_tasks(4)).run(FixedAgent(answer="2"), runtime=runtime)
+        server = psutil.Process(int(json.loads((rollouts_home() / "temporal.json").read_text())["pid"]))
+
+        def server_cpu() -> float:
+            return sum(sum(p.cpu_times()[:2]) for p in [server, *server.children(recursive=True)])
+
+        s0, c0, t0 = server_cpu(), time.process_time(), time.monotonic()
+        job = await Taskset("b", letter_tasks(n)).run(SleepAgent(seconds=sleep, answer="2"),
+                                                      runtime=runtime, max_concurrent=concurrency)
+        wall = time.monotonic() - t0
+        cpu, scpu = time.process_time() - c0, server_cpu() - s0
+    ok = sum(r.reward == 1.0 for r in job.runs)
+    return {"wall": wall, "cpu_ms": cpu / n * 1000, "server_ms": scpu / n * 1000, "ok": ok}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--n", type=int, default=256)
+    parser.add_argument("--sleep", type=float, default=2.0)
+    parser.add_argument("--concurrency", type=int, default=64)
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--variants", default=",".join(VARIANTS))
+    parser.add_argument("--one", help=argparse.SUPPRESS)  # internal: run one variant, print JSON
+    args = parser.parse_args()
+    if args.one:
+        import asyncio
+
+        print(json.dumps(asyncio.run(_one(args.one, args.n, args.sleep, args.concurrency))))
+        return
+    variants = [v for v in args.variants.split(",") if v]
+    unknown = set(variants) - set(VARIANTS)
+    if unknown:
+        raise SystemExit(f"unknown variants {sorted(unknown)}; known: {', '.join(VARIANTS)}")
+    runs: dict[str, list[dict[str, float]]] = {v: [] for v in variants}
+    with private_home():
+        for _ in range(args.repeats):
+            for variant in variants:
+                out = subprocess.run(
+                    [sys.executable, __file__, "--one", variant, "--n", str(args.n), "--sleep",
+                     str(args.sleep), "--concurrency", str(args.concurrency)],
+                    capture_output=True, text=True, check=True)
+                result = json.loads(out.stdout.strip().splitlines()[-1])
+                runs[variant].append(result)
+                print(f"    {variant:13s} {result['wall']:5.1f} s  worker {result['cpu_ms']:5.1f} ms  "
+                      f"server {result['server_ms']:5.1f} ms  ok {result['ok']:.0f}/{args.n}",
+                      file=sys.stderr, flush=True)
+    print(f"{args.n} rollouts of a {args.sleep:g} s agent at concurrency {args.concurrency}, "
+          f"median of {args.repeats} (ranges in brackets):")
+    base = statistics.median(r["cpu_ms"] for r in runs["base"]) if "base" in runs else None
+    for variant, results in runs.items():
+        def col(key: str) -> str:
+            values = [r[key] for r in results]
+            return f"{statistics.median(values):6.1f} [{min(values):.1f}-{max(values):.1f}]"
+
+        versus = ""
+        if base and variant != "base":
+            versus = f"  worker cpu vs base {statistics.median(r['cpu_ms'] for r in results) / base:.2f}"
+        print(f"  {variant:13s} wall s {col('wall')}  worker ms/rollout {col('cpu_ms')}  "
+              f"server ms/rollout {col('server_ms')}{versus}")
+
+
+if __name__ == "__main__":
+    main()
