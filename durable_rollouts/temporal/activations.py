@@ -1,16 +1,17 @@
-"""Run workflow activations on the worker's own event loop instead of a thread pool.
+"""Run workflow activations on the worker's own event loop instead of a thread pool (opt-in).
 
 temporalio hands every workflow activation to ``workflow_task_executor`` (a thread pool by
-default) so that a workflow which blocks can be detected (2 s deadlock timeout). Our workflows
-are thin and deterministic (no I/O, no blocking calls; the purity and replay tests guard that),
-and with the GIL the pool only adds a thread hop and GIL hand-offs to every activation: running
-them inline saves ~10% of the worker's CPU per rollout (``benchmarks/README.md``). This is the
-same inline path temporalio takes in its ``debug_mode``, reached through the documented
-executor parameter instead.
+default) so that a workflow which blocks can be detected (2 s deadlock timeout). With the GIL
+the pool adds a thread hop and GIL hand-offs to every activation: running them inline saved 14%
+of the worker's CPU per rollout in ``benchmarks/bench_worker_cpu.py``. This is the inline path
+temporalio takes in its ``debug_mode``, reached through the documented executor parameter.
 
-What is given up: temporalio's deadlock detection. In its place an activation slower than
-``SLOW_ACTIVATION_S`` is logged (it held the whole worker's loop). ``ROLLOUTS_INLINE_ACTIVATIONS=0``
-goes back to the thread pool. Pure asyncio + concurrent.futures; no temporalio import.
+Off by default (``ROLLOUTS_INLINE_ACTIVATIONS=1`` turns it on, for unsandboxed workers only).
+With it on, one test sequence (an unsandboxed worker with a deliberately incompatible Rollout,
+then sandboxed Replayer runs, in one process) showed a foreign activity command inside a replay
+in about a third of runs, which the thread pool never showed; until that is understood the pool
+stays the default. What inline gives up: temporalio's deadlock detection; an activation slower
+than ``SLOW_ACTIVATION_S`` is logged instead. Pure asyncio + concurrent.futures.
 """
 
 from __future__ import annotations
@@ -45,11 +46,10 @@ class InlineActivations(concurrent.futures.ThreadPoolExecutor):
 
     def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> concurrent.futures.Future:
         future: concurrent.futures.Future = concurrent.futures.Future()
+        future.set_running_or_notify_cancel()  # running now, as in a pool thread: never skipped
         loop = asyncio.get_running_loop()
 
         def run() -> None:
-            if not future.set_running_or_notify_cancel():
-                return
             main = asyncio._get_running_loop()
             began = time.monotonic()
             try:
@@ -57,7 +57,7 @@ class InlineActivations(concurrent.futures.ThreadPoolExecutor):
             except BaseException as exc:  # noqa: BLE001 - handed to the awaiting task
                 future.set_exception(exc)
             finally:
-                asyncio._set_running_loop(main)
+                asyncio._set_running_loop(main)  # an activation leaves its own loop unset
             took = time.monotonic() - began
             if took > SLOW_ACTIVATION_S:
                 log.warning("a workflow activation took %.1f s and held the worker's event loop", took)
@@ -67,7 +67,8 @@ class InlineActivations(concurrent.futures.ThreadPoolExecutor):
 
 
 def activation_executor(sandboxed: bool) -> concurrent.futures.ThreadPoolExecutor | None:
-    """The ``workflow_task_executor`` for a worker: inline unless sandboxed or turned off."""
-    if sandboxed or os.environ.get(ENV, "1").lower() in ("0", "false", "no"):
+    """The ``workflow_task_executor`` for a worker: temporalio's pool (None) unless
+    ``ROLLOUTS_INLINE_ACTIVATIONS=1`` asks for inline activations of an unsandboxed worker."""
+    if sandboxed or os.environ.get(ENV, "0").lower() not in ("1", "true", "yes"):
         return None  # temporalio's own thread pool
     return InlineActivations()
