@@ -111,6 +111,13 @@ class RolloutActivities:
         return [self.provision, self.connect, self.start, self.agent, self.grade, self.verify,
                 self.teardown, self.verify_open, self.verify_close, self.open, self.grade_teardown]
 
+    def _pin(self, endpoint: Endpoint, provider: Any) -> Endpoint:
+        """Route the later steps of ``endpoint`` to this worker's queue for its provider's locality
+        (unless the provider chose a queue itself)."""
+        if endpoint.task_queue is None:
+            endpoint.task_queue = self.queues.for_locality(getattr(provider, "locality", "global"))
+        return endpoint
+
     async def _beating(self, step: Awaitable[T],
                        details: Callable[[], tuple[Any, ...]] | None = None) -> T:
         """Await ``step`` while heartbeating every ``beat_s`` (cancels it if we are cancelled)."""
@@ -136,10 +143,7 @@ class RolloutActivities:
     async def provision(self, inp: ProvisionInput) -> Endpoint:
         with map_errors():
             endpoint = await self._beating(steps.provision(inp))
-            if endpoint.task_queue is None:
-                locality = getattr(provider_from_spec(inp.provider), "locality", "global")
-                endpoint.task_queue = self.queues.for_locality(locality)
-        return endpoint
+        return self._pin(endpoint, provider_from_spec(inp.provider))
 
     @activity.defn(name=ACT_OPEN)
     async def open(self, inp: ProvisionInput) -> Opened:
@@ -147,8 +151,7 @@ class RolloutActivities:
         provider = provider_from_spec(inp.provider)
         with map_step_errors():
             opened = await self._beating(steps.open_rollout(inp.task, inp.key, provider))
-        if opened.endpoint.task_queue is None:
-            opened.endpoint.task_queue = self.queues.for_locality(getattr(provider, "locality", "global"))
+        self._pin(opened.endpoint, provider)
         return opened
 
     @activity.defn(name=ACT_CONNECT)
@@ -188,9 +191,8 @@ class RolloutActivities:
     async def verify_open(self, inp: VerifyInput) -> VerifierSession:
         with map_errors():
             opened = await self._beating(verifier.open_verifier(inp))
-            if opened.owned and opened.endpoint.task_queue is None:
-                locality = getattr(provider_from_spec(inp.provider), "locality", "global")
-                opened.endpoint.task_queue = self.queues.for_locality(locality)
+            if opened.owned:
+                self._pin(opened.endpoint, provider_from_spec(inp.provider))
         return opened
 
     @activity.defn(name=ACT_VERIFY)

@@ -142,7 +142,6 @@ class _Batch:
                     endpoint = None  # released by close_rollout
                 else:
                     grade = await steps.grade(grade_input)
-                if task.verifier is not None:
                     phase = "verifying"
                     run.trace.extra["actor_grade"] = grade.model_dump(mode="json")
                     grade = await verify_once.verify(VerifyInput(

@@ -364,8 +364,7 @@ async def close_rollout(inp: GradeInput, *, provider: DurableProvider | None = N
         with contextlib.suppress(Exception):
             await client.close()
     try:
-        await (provider or provider_from_spec(inp.endpoint.provider)).release(inp.endpoint)
-        forget_verdicts(inp.endpoint.key)
+        await _release(inp.endpoint, provider or provider_from_spec(inp.endpoint.provider))
     except Exception as exc:  # noqa: BLE001 - the grade is what matters now
         log.warning("teardown of %s failed after grading: %s", inp.endpoint.key, exc)
     return result
@@ -424,6 +423,11 @@ async def teardown_with(endpoint: Endpoint, session: Session | None, provider: D
     if session is not None:
         with contextlib.suppress(Exception):
             await asyncio.wait_for(_end_session(endpoint, session), 5.0)
+    await _release(endpoint, provider)
+
+
+async def _release(endpoint: Endpoint, provider: DurableProvider) -> None:
+    """Release the substrate (idempotent) and forget its cached verifier verdicts."""
     await provider.release(endpoint)
     forget_verdicts(endpoint.key)
 
