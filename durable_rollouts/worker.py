@@ -42,6 +42,7 @@ from durable_rollouts.release import worker_identity
 from durable_rollouts.sdk.board import BOARD
 from durable_rollouts.sdk.tracestore import TraceStore
 from durable_rollouts.temporal.activations import activation_executor
+from durable_rollouts.temporal.eviction import evict_cached
 from durable_rollouts.temporal.storage import storage_url
 from durable_rollouts.workflows import Rollout, TasksetRun
 from durable_rollouts.workflows.types import DEFAULT_TASK_QUEUE
@@ -116,6 +117,9 @@ class RolloutWorker:
         try:
             await asyncio.gather(*(w.run() for w in self.workers))
         finally:
+            for w in self.workers:  # no suspended run may be left for the garbage collector
+                if w.is_shutdown:
+                    evict_cached(w)
             BOARD.workers -= 1
             if sweeper is not None:
                 sweeper.cancel()

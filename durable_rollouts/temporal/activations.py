@@ -7,12 +7,11 @@ of the worker's CPU per rollout in ``benchmarks/bench_worker_cpu.py``. This is t
 temporalio takes in its ``debug_mode``, reached through the documented executor parameter.
 
 Off by default (``ROLLOUTS_INLINE_ACTIVATIONS=1`` turns it on, for unsandboxed workers only).
-With it on, one test-suite run (``tests/golden`` with ``tests/test_repository_hygiene.py`` and
-``tests/test_layering.py``: an unsandboxed worker with a deliberately incompatible Rollout, then
-sandboxed Replayer runs, in one process) showed a foreign activity command inside a replay in
-2-4 of 6 runs, which the thread pool never showed; until that is understood the pool stays the
-default. What inline gives up: temporalio's deadlock detection; an activation slower
-than ``SLOW_ACTIVATION_S`` is logged instead. Pure asyncio + concurrent.futures.
+A foreign activity command once seen in a replay after an inline worker had stopped was not
+caused by running inline: temporalio leaves a stopped worker's cached runs to the garbage
+collector, whatever the executor (``temporal.eviction`` now evicts them). What inline gives up:
+temporalio's deadlock detection; an activation slower than ``SLOW_ACTIVATION_S`` is logged
+instead. Pure asyncio + concurrent.futures.
 """
 
 from __future__ import annotations

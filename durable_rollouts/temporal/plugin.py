@@ -10,17 +10,22 @@ substrates for gc::
         job = await taskset.run(agent, runtime=rt, temporal=client, task_queue="q", worker=False)
 
 ``durable_rollouts.worker.build_worker`` remains the packaged worker (it also polls per-host and
-per-process queues and runs the gc sweep); this plugin is a single-queue worker.
+per-process queues and runs the gc sweep); this plugin is a single-queue worker. Both evict the
+workflow runs a stopped worker still caches (``temporal.eviction``).
 """
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
+
 from temporalio.plugin import SimplePlugin
+from temporalio.worker import Worker
 
 from durable_rollouts.activities import Queues, RolloutActivities, TasksetActivities
 from durable_rollouts.activities.owner import OwnerInterceptor
 from durable_rollouts.sdk.tracestore import TraceStore
 from durable_rollouts.temporal.codec import data_converter
+from durable_rollouts.temporal.eviction import evict_cached
 from durable_rollouts.workflows import Rollout, TasksetRun
 from durable_rollouts.workflows.types import DEFAULT_TASK_QUEUE
 
@@ -47,3 +52,12 @@ class RolloutsPlugin(SimplePlugin):
             activities=[*rollout.all(), *TasksetActivities().all()],
             workflows=[TasksetRun, Rollout],
         )
+
+    async def run_worker(self, worker: Worker, next: Callable[[Worker], Awaitable[None]]) -> None:
+        """Run the worker; once it has stopped, evict the runs it still caches
+        (``temporal.eviction``: temporalio 1.35 leaves them to the garbage collector)."""
+        try:
+            await super().run_worker(worker, next)
+        finally:
+            if worker.is_shutdown:
+                evict_cached(worker)
