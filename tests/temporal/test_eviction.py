@@ -45,7 +45,8 @@ def _suspended_rollouts(job_id: str) -> list[CoroutineType]:
     code = Rollout.run.__code__
     found = []
     for obj in gc.get_objects():
-        if (isinstance(obj, CoroutineType) and obj.cr_code.co_qualname == code.co_qualname
+        # type(), not isinstance: sandbox proxies left by earlier tests refuse __class__
+        if (type(obj) is CoroutineType and obj.cr_code.co_qualname == code.co_qualname
                 and obj.cr_code.co_filename == code.co_filename
                 and inspect.getcoroutinestate(obj) == inspect.CORO_SUSPENDED):
             inp = obj.cr_frame.f_locals.get("inp")
