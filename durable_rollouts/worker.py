@@ -159,8 +159,8 @@ def build_worker(client: Client, *, task_queue: str = DEFAULT_TASK_QUEUE, host_q
         sandbox: run workflows in temporalio's sandbox or unsandboxed (faster); None reads
             ``ROLLOUTS_WORKFLOW_SANDBOX`` (default off: these workflows import only pure models,
             and the purity and replay tests guard them; the sandbox costs ~30% worker CPU).
-            Unsandboxed activations run inline on this event loop (``temporal.activations``);
-            ``ROLLOUTS_INLINE_ACTIVATIONS=0`` puts them on temporalio's thread pool instead.
+            ``ROLLOUTS_INLINE_ACTIVATIONS=1`` runs unsandboxed activations inline on this event
+            loop instead of temporalio's thread pool (``temporal.activations``, opt-in).
         identity: the Temporal worker identity; default ``durable-rollouts <version> (<commit>)
             <pid>@<host>``, so a failed workflow task (e.g. non-determinism) names the release.
         gc_every_s: remove orphaned substrates every this many seconds while running, asking
@@ -192,7 +192,7 @@ def build_worker(client: Client, *, task_queue: str = DEFAULT_TASK_QUEUE, host_q
         client, task_queue=task_queue, workflows=WORKFLOWS, activities=activities,
         workflow_runner=runner if sandbox else _unsandboxed(),
         max_concurrent_workflow_tasks=max_concurrent_workflow_tasks,
-        workflow_task_executor=activation_executor(sandbox),  # inline on this loop
+        workflow_task_executor=activation_executor(sandbox),  # opt-in: inline on this loop
         sticky_queue_schedule_to_start_timeout=timedelta(seconds=5),
         **{**common, "interceptors": [*common["interceptors"], _Board()]},
     )]

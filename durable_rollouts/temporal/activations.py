@@ -1,16 +1,18 @@
-"""Run workflow activations on the worker's own event loop instead of a thread pool.
+"""Run workflow activations on the worker's own event loop instead of a thread pool (opt-in).
 
 temporalio hands every workflow activation to ``workflow_task_executor`` (a thread pool by
 default) so that a workflow which blocks can be detected (2 s deadlock timeout). With the GIL
-the pool adds a thread hop and GIL hand-offs to every activation: running them inline saved 14%
-of the worker's CPU per rollout in ``benchmarks/bench_worker_cpu.py``. This is the inline path
+the pool adds a thread hop and GIL hand-offs to every activation; running them inline looked
+like 14% less worker CPU in a first A/B, which later interleaved runs of
+``benchmarks/bench_worker_cpu.py`` did not reproduce. This is the inline path
 temporalio takes in its ``debug_mode``, reached through the documented executor parameter.
 
-On by default for unsandboxed workers; ``ROLLOUTS_INLINE_ACTIVATIONS=0`` returns to temporalio's
-pool (a sandboxed worker always uses the pool). A foreign activity command once seen in a replay
-after an inline worker had stopped was not caused by running inline: temporalio leaves a stopped
-worker's cached runs to the garbage collector, whatever the executor (``temporal.eviction`` now
-evicts them). What inline gives up:
+Off by default (``ROLLOUTS_INLINE_ACTIVATIONS=1`` turns it on, for unsandboxed workers only):
+interleaved A/B runs show no measurable gain (``benchmarks/README.md``), and the pool keeps
+temporalio's deadlock detection. A foreign activity command once seen in a replay after an
+inline worker had stopped was not caused by running inline: temporalio leaves a stopped
+worker's cached runs to the garbage collector, whatever the executor (``temporal.eviction``
+now evicts them). What inline gives up:
 temporalio's deadlock detection; an activation slower than ``SLOW_ACTIVATION_S`` is logged
 instead. Pure asyncio + concurrent.futures.
 """
@@ -68,8 +70,8 @@ class InlineActivations(concurrent.futures.ThreadPoolExecutor):
 
 
 def activation_executor(sandboxed: bool) -> concurrent.futures.ThreadPoolExecutor | None:
-    """The ``workflow_task_executor`` for a worker: inline for an unsandboxed worker, unless
-    ``ROLLOUTS_INLINE_ACTIVATIONS=0`` asks for temporalio's pool (None); a sandbox gets the pool."""
-    if sandboxed or os.environ.get(ENV, "1").lower() in ("0", "false", "no"):
+    """The ``workflow_task_executor`` for a worker: temporalio's pool (None) unless
+    ``ROLLOUTS_INLINE_ACTIVATIONS=1`` asks for inline activations of an unsandboxed worker."""
+    if sandboxed or os.environ.get(ENV, "0").lower() not in ("1", "true", "yes"):
         return None  # temporalio's own thread pool
     return InlineActivations()

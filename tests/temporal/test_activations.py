@@ -40,12 +40,11 @@ async def test_a_slow_activation_is_logged(monkeypatch: pytest.MonkeyPatch, capl
     assert "held the worker's event loop" in caplog.text
 
 
-def test_inline_is_the_default_can_be_turned_off_and_never_for_sandboxed_workers(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+def test_inline_is_opt_in_and_never_for_sandboxed_workers(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(activations.ENV, raising=False)
-    assert isinstance(activation_executor(sandboxed=False), InlineActivations)
-    assert activation_executor(sandboxed=True) is None  # the sandbox keeps temporalio's pool
-    monkeypatch.setenv(activations.ENV, "0")
-    assert activation_executor(sandboxed=False) is None  # temporalio's pool
+    assert activation_executor(sandboxed=False) is None  # temporalio's pool by default
     monkeypatch.setenv(activations.ENV, "1")
     assert isinstance(activation_executor(sandboxed=False), InlineActivations)
+    assert activation_executor(sandboxed=True) is None  # the sandbox keeps the pool
+    monkeypatch.setenv(activations.ENV, "0")
+    assert activation_executor(sandboxed=False) is None
