@@ -118,8 +118,7 @@ class RolloutWorker:
             await asyncio.gather(*(w.run() for w in self.workers))
         finally:
             for w in self.workers:  # no suspended run may be left for the garbage collector
-                if w.is_shutdown:
-                    evict_cached(w)
+                evict_cached(w)
             BOARD.workers -= 1
             if sweeper is not None:
                 sweeper.cancel()

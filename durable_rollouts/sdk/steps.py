@@ -51,7 +51,7 @@ from ..models import (
 from ..protocol import ErrorCode
 from .agent_call import call_agent
 from .agents import Agent, load_agent
-from .client import EnvClient, parse_url
+from .client import EnvClient
 from .client import connect as _open
 from .paths import rollouts_home, safe_name
 from .providers import DurableProvider, provider_from_spec
@@ -100,57 +100,42 @@ def _ready_timeout(endpoint: Endpoint, override: float | None = None) -> float:
 
 async def _hello(endpoint: Endpoint, ready_timeout: float, session_id: str | None = None,
                  refused_limit: int | None = None) -> EnvClient:
-    """Connect with the endpoint's token (derived again from its key: never stored in history)."""
+    """Connect with the endpoint's token (derived again from its key: never stored in history).
+
+    ``refused_limit``: for a server that was already up, a port refused that many times in a row
+    (about 0.3 s for 3) is a gone substrate, while a slow one (a busy env loop) still gets the whole
+    ``ready_timeout``; None retries refusals too (a just-provisioned server may not listen yet).
+    """
     try:
         return await _open(endpoint.url, ready_timeout=ready_timeout, session_id=session_id,
                            token=endpoint_token(endpoint), refused_limit=refused_limit)
+    except (ConnectionRefusedError, ConnectionResetError) as exc:  # only with a refused_limit
+        raise SubstrateGoneError(f"substrate at {endpoint.url} refuses connections: {exc}") from exc
     except UnauthorizedError as exc:
         if not uses_derived_token(endpoint):
             raise
         raise token_rejected(exc, endpoint.url) from exc
 
 
-async def _fresh(endpoint: Endpoint, ready_timeout: float) -> EnvClient:
-    """A new session; a substrate that never answers is reported gone."""
+async def _fresh(endpoint: Endpoint, ready_timeout: float, refused_limit: int | None = None) -> EnvClient:
+    """A new session; a substrate that never answers (or refuses, see ``_hello``) is gone."""
     try:
-        return await _hello(endpoint, ready_timeout)
+        return await _hello(endpoint, ready_timeout, refused_limit=refused_limit)
     except ReadyTimeoutError as exc:
         raise SubstrateGoneError(f"substrate at {endpoint.url} did not answer: {exc}") from exc
-
-
-async def _probe(endpoint: Endpoint) -> None:
-    """Fail fast when nothing listens any more: a refused port is a gone substrate, while a
-    slow one (a busy env loop) is not, so ``hello`` gets a generous timeout afterwards."""
-    host, port = parse_url(endpoint.url)
-    for delay in (0.1, 0.3, None):
-        try:
-            _, writer = await asyncio.wait_for(asyncio.open_connection(host, port), 5.0)
-        except (ConnectionRefusedError, ConnectionResetError) as exc:
-            if delay is None:
-                raise SubstrateGoneError(f"substrate at {endpoint.url} refuses connections: {exc}") from exc
-            await asyncio.sleep(delay)
-        except (OSError, asyncio.TimeoutError):
-            return  # unclear: let hello decide within its timeout
-        else:
-            writer.close()
-            with contextlib.suppress(Exception):
-                await writer.wait_closed()
-            return
 
 
 async def _resume(endpoint: Endpoint, session: Session, ready_timeout: float | None = None) -> EnvClient:
     """Reconnect to ``session``; refused or unknown session -> SubstrateGoneError.
 
-    A refused port is retried briefly (as ``_probe`` does) and then reported gone at once, while
-    a slow substrate (a busy env loop) gets the whole resume timeout: no separate probe connection.
+    A refused port is reported gone after ``_REFUSED_LIMIT`` refusals (``_hello``), while a slow
+    substrate (a busy env loop) gets the whole resume timeout.
     """
     timeout = ready_timeout or float(endpoint.params.get("resume_timeout", RESUME_TIMEOUT_S))
     last: ProtocolError | None = None
     for delay in (*_RESUME_BACKOFF_S, None):
         try:
             return await _hello(endpoint, timeout, session.session_id, refused_limit=_REFUSED_LIMIT)
-        except (ConnectionRefusedError, ConnectionResetError) as exc:
-            raise SubstrateGoneError(f"substrate at {endpoint.url} refuses connections: {exc}") from exc
         except ReadyTimeoutError as exc:
             raise SubstrateGoneError(f"substrate at {endpoint.url} is gone: {exc}") from exc
         except ProtocolError as exc:

@@ -21,7 +21,7 @@ from .steps import (
     _end_session,
     _fresh,
     _grade_failure,
-    _probe,
+    _REFUSED_LIMIT,
     _raise_start_error,
     _ready_timeout,
     _resume,
@@ -45,14 +45,14 @@ async def open_verifier(inp: VerifyInput, *, provider: DurableProvider | None = 
     if verifier is None:
         raise ConfigError(f"task {inp.task.slug} has no verifier")
     if shares_actor_server(inp.task):
-        await _probe(inp.actor_endpoint)
-        endpoint, owned, timeout = inp.actor_endpoint, False, RESUME_TIMEOUT_S
+        # the actor's server is up: a refused port means it is gone
+        endpoint, owned, timeout, refused_limit = inp.actor_endpoint, False, RESUME_TIMEOUT_S, _REFUSED_LIMIT
     else:
         provider = provider or provider_from_spec(inp.provider)
         provider.check_config(verifier.runtime_config, what=f"verifier of {inp.task.slug}")
         endpoint = await provider.acquire(verifier, f"{inp.key}-verifier")  # idempotent by key
-        owned, timeout = True, _ready_timeout(endpoint)
-    client = await _fresh(endpoint, timeout)
+        owned, timeout, refused_limit = True, _ready_timeout(endpoint), None
+    client = await _fresh(endpoint, timeout, refused_limit)
     try:
         try:
             await client.start_task(verifier.id, dict(verifier.args))

@@ -24,7 +24,7 @@ from .steps import (
     RESUME_TIMEOUT_S,
     _fresh,
     _grade_failure,
-    _probe,
+    _REFUSED_LIMIT,
     _raise_start_error,
     _ready_timeout,
     _to_grade,
@@ -47,8 +47,7 @@ async def verify(inp: VerifyInput, *, provider: DurableProvider | None = None) -
     if verifier is None:
         raise ConfigError(f"task {inp.task.slug} has no verifier")
     if verifier.env == inp.task.env and verifier.runtime_config is None:
-        await _probe(inp.actor_endpoint)
-        client = await _fresh(inp.actor_endpoint, RESUME_TIMEOUT_S)
+        client = await _fresh(inp.actor_endpoint, RESUME_TIMEOUT_S, refused_limit=_REFUSED_LIMIT)
         return await _grade_verifier(client, verifier, inp.actor_raw)
     provider = provider or provider_from_spec(inp.provider)
     provider.check_config(verifier.runtime_config, what=f"verifier of {inp.task.slug}")

@@ -21,18 +21,30 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import logging
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
-__all__ = ["ENV", "SLOW_ACTIVATION_S", "InlineActivations", "activation_executor"]
+__all__ = ["ENV", "SLOW_ACTIVATION_S", "InlineActivations", "activation_executor", "running_loop_kept"]
 
 log = logging.getLogger(__name__)
 
 ENV = "ROLLOUTS_INLINE_ACTIVATIONS"
 SLOW_ACTIVATION_S = 2.0  # temporalio's deadlock timeout
+
+
+@contextlib.contextmanager
+def running_loop_kept() -> Iterator[None]:
+    """Run a workflow activation on this thread and keep its running-loop registration: an
+    activation sets its own loop while it runs and leaves none behind."""
+    main = asyncio._get_running_loop()
+    try:
+        yield
+    finally:
+        asyncio._set_running_loop(main)
 
 
 class InlineActivations(concurrent.futures.ThreadPoolExecutor):
@@ -53,14 +65,12 @@ class InlineActivations(concurrent.futures.ThreadPoolExecutor):
         loop = asyncio.get_running_loop()
 
         def run() -> None:
-            main = asyncio._get_running_loop()
             began = time.monotonic()
             try:
-                future.set_result(fn(*args, **kwargs))
+                with running_loop_kept():
+                    future.set_result(fn(*args, **kwargs))
             except BaseException as exc:  # noqa: BLE001 - handed to the awaiting task
                 future.set_exception(exc)
-            finally:
-                asyncio._set_running_loop(main)  # an activation leaves its own loop unset
             took = time.monotonic() - began
             if took > SLOW_ACTIVATION_S:
                 log.warning("a workflow activation took %.1f s and held the worker's event loop", took)

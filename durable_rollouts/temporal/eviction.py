@@ -17,7 +17,6 @@ shutdown itself) there is nothing left to evict and this does nothing.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from typing import Any
 
@@ -27,6 +26,8 @@ from temporalio.bridge.proto.workflow_activation import (
     WorkflowActivationJob,
 )
 from temporalio.worker import Worker
+
+from durable_rollouts.temporal.activations import running_loop_kept
 
 __all__ = ["cached_runs", "evict_cached"]
 
@@ -41,23 +42,23 @@ def cached_runs(worker: Worker) -> dict[str, Any]:
 
 
 def evict_cached(worker: Worker) -> int:
-    """Evict every run a stopped ``worker`` still caches; returns how many were evicted.
+    """Evict every run ``worker`` still caches once it has stopped; returns how many.
 
-    Call only after the worker's ``run()`` has returned: no activation may run concurrently.
+    Does nothing while the worker runs (``is_shutdown`` unset): no activation may run alongside.
     """
+    if not worker.is_shutdown:
+        return 0
     running = cached_runs(worker)
     evicted = 0
     for run_id, cached in list(running.items()):
         job = WorkflowActivationJob(remove_from_cache=RemoveFromCache(
             message="worker shut down", reason=RemoveFromCache.EvictionReason.LANG_REQUESTED))
-        main = asyncio._get_running_loop()
         try:
-            cached.activate(WorkflowActivation(run_id=run_id, jobs=[job]))
-            evicted += 1
+            with running_loop_kept():
+                cached.activate(WorkflowActivation(run_id=run_id, jobs=[job]))
         except BaseException as exc:  # noqa: BLE001 - a run that refuses eviction stays cached
             log.warning("could not evict workflow run %s at worker shutdown: %s", run_id, exc)
             continue
-        finally:
-            asyncio._set_running_loop(main)  # an activation leaves the thread's loop unset
         running.pop(run_id, None)
+        evicted += 1
     return evicted

@@ -59,5 +59,4 @@ class RolloutsPlugin(SimplePlugin):
         try:
             await super().run_worker(worker, next)
         finally:
-            if worker.is_shutdown:
-                evict_cached(worker)
+            evict_cached(worker)
