@@ -1,7 +1,7 @@
 """Worker and server CPU per rollout of one durable batch, with parts of the worker switched off.
 
     python benchmarks/bench_worker_cpu.py [--n 256] [--sleep 2] [--concurrency 64] [--repeats 2]
-        [--variants base,inline,no-owner,no-heartbeat,no-board]
+        [--variants base,inline,no-owner,no-heartbeat,no-board,patch-marker]
 
 Each run is a fresh ``python`` process (so a variant's switch cannot leak into the next) on one
 shared embedded server (a private ``ROLLOUTS_HOME``), and the variants are interleaved
@@ -12,7 +12,10 @@ shared embedded server (a private ``ROLLOUTS_HOME``), and the variants are inter
   opt-in);
 - ``no-owner``: without the ``OwnerInterceptor`` (substrate owner labels; benchmark only);
 - ``no-heartbeat``: the agent step's background heartbeat off (benchmark only);
-- ``no-board``: without the live-progress board interceptor (benchmark only).
+- ``no-board``: without the live-progress board interceptor (benchmark only);
+- ``patch-marker``: children started as faf8c5e's parent did (no ``RolloutInput.layout``), so
+  each new Rollout asks the ``rollout-v2-merged-steps`` patch: one marker event and one
+  TemporalChangeVersion upsert more per rollout (benchmark only).
 
 Prints wall, rollouts/s, CPU ms per rollout of the worker process (worker + client + the
 in-process env) and of the dev server, and each variant's worker CPU against ``base``.
@@ -33,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import LETTERS, letter_tasks, private_home  # noqa: E402
 
-VARIANTS = ("base", "inline", "no-owner", "no-heartbeat", "no-board")
+VARIANTS = ("base", "inline", "no-owner", "no-heartbeat", "no-board", "patch-marker")
 
 
 def _switch_off(variant: str) -> None:
@@ -49,6 +52,10 @@ def _switch_off(variant: str) -> None:
         worker.OwnerInterceptor = Interceptor  # type: ignore[misc]
     if variant == "no-board":
         worker._Board = Interceptor  # type: ignore[misc]
+    if variant == "patch-marker":
+        import durable_rollouts.workflows.taskset_run as taskset_run
+
+        taskset_run.ROLLOUT_LAYOUT = 0  # type: ignore[misc]
     if variant == "no-heartbeat":
         from durable_rollouts.activities.rollout import RolloutActivities
 

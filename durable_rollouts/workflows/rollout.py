@@ -2,7 +2,9 @@
 
 A fast local substrate (``RolloutInput.local_steps``) opens with one merged step, ``open``
 (provision -> connect -> start), and one that dies with its worker closes with one,
-``grade_teardown``; both behind the ``rollout-v2-merged-steps`` patch (``PATCH_V2``).
+``grade_teardown``; both in the merged-steps layout, which a parent of this release names in the
+child's input (``RolloutInput.layout``) and an older run took from the ``rollout-v2-merged-steps``
+patch (``PATCH_V2``).
 
 Deterministic: imports only stdlib, temporalio, pydantic and the pure data models; activities
 are referenced by name (``durable_rollouts.workflows.types``). Ordinary failures never fail the
@@ -71,7 +73,7 @@ with workflow.unsafe.imports_passed_through():
         RolloutInput,
     )
 
-__all__ = ["Rollout", "is_substrate_gone"]
+__all__ = ["ROLLOUT_LAYOUT", "Rollout", "is_substrate_gone"]
 
 
 # Upserted by every Rollout (behind the "rollout-search-attributes" patch): running, then final.
@@ -109,13 +111,18 @@ _OPTIONS: dict[str, tuple[timedelta, timedelta | None, int]] = {
 _LOCAL_OK = {ACT_CONNECT, ACT_START, ACT_GRADE}
 _LOCAL_IF_FAST = {ACT_PROVISION, ACT_TEARDOWN, ACT_OPEN, ACT_CLOSE}
 
-# One patch for a Rollout started by this release: it implies every earlier patch below, so a
-# new run records one patch marker (and one TemporalChangeVersion upsert, which temporalio adds to
-# every patch) instead of one per patch. It also turns on the merged steps: a fast local
+# One patch for the merged-steps layout: it implies every earlier patch below, so a run of it
+# asked one patch instead of one per patch. It also turns on the merged steps: a fast local
 # substrate opens with one step (provision -> connect -> start) and, when it dies with its
 # worker, closes with one (grade -> teardown). A run without its marker (started by an older
 # release) asks each earlier patch on its own, exactly as that release did.
 PATCH_V2 = "rollout-v2-merged-steps"
+# The layout a parent of this release starts its children with (``RolloutInput.layout``): the
+# child's input says "merged steps", so a new run asks no patch at all. temporalio writes a
+# marker event and a TemporalChangeVersion search-attribute upsert (a visibility write on the
+# server) for every patch a new run asks; the input is recorded in the start event anyway.
+# Runs whose input has no layout (older parents) ask ``PATCH_V2`` as before.
+ROLLOUT_LAYOUT = 2
 _IMPLIED_BY_V2 = frozenset({"rollout-search-attributes", "agent-checkpoint-schedules",
                             "agent-rerun-on-lost-worker", "verify-session-recorded"})
 # How long a step may wait for a host/process queue before the substrate counts as gone.
@@ -172,8 +179,9 @@ class Rollout(CheckpointHandlers):
 
     @workflow.run
     async def run(self, inp: RolloutInput) -> RolloutResult:
-        # First, before any command: a run of an older release has no marker of it on replay.
-        self._v2 = workflow.patched(PATCH_V2)
+        # First, before any command: a run of an older release has no marker of it on replay. A
+        # parent of this release says so in the input instead (no marker, no upsert).
+        self._v2 = inp.layout >= 2 or workflow.patched(PATCH_V2)
         # New command (upserts): only where the parent says the attributes exist, behind a patch.
         publish = inp.search_attributes and self._patched("rollout-search-attributes")
         if publish and not inp.status_at_start:

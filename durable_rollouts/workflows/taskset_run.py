@@ -19,7 +19,7 @@ from temporalio.workflow import ParentClosePolicy
 
 with workflow.unsafe.imports_passed_through():
     from durable_rollouts.models import RetryAttempt, RolloutResult, Task
-    from durable_rollouts.workflows.rollout import Rollout
+    from durable_rollouts.workflows.rollout import ROLLOUT_LAYOUT, Rollout
     from durable_rollouts.workflows.types import (
         ACT_LOAD_ROWS,
         ACT_RESOLVE,
@@ -310,7 +310,7 @@ class TasksetRun:
                              rollout_timeout_s=inp.rollout_timeout_s, max_attempts=inp.max_attempts,
                              local_steps=inp.local_steps, task_queue=inp.task_queue,
                              search_attributes=inp.search_attributes, retry=retry,
-                             status_at_start=inp.search_attributes)
+                             status_at_start=inp.search_attributes, layout=ROLLOUT_LAYOUT)
         attrs = None
         if inp.search_attributes:  # the child's status starts as running: one upsert less per child
             attrs = TypedSearchAttributes([SearchAttributePair(KEY_JOB_ID, inp.job_id),

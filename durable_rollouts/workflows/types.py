@@ -221,6 +221,11 @@ class RolloutInput(_Model):
     # The parent set RolloutsStatus=running when it started this child: no upsert of it here.
     status_at_start: bool = False
     retry: int = 0  # fresh re-runs before this one (the child id then ends in -r<retry>)
+    # The Rollout layout the parent chose, kept in the child's start event (so replay-safe like a
+    # patch marker, at no cost): 2 = the merged-steps layout of ``PATCH_V2`` without recording
+    # its marker and TemporalChangeVersion upsert. 0 in every history recorded before it: such a
+    # run asks ``workflow.patched(PATCH_V2)`` as it did.
+    layout: int = Field(default=0, ge=0, le=2)
 
 
 class ResolveGroupInput(_Model):
