@@ -4,14 +4,22 @@
 ``ROLLOUTS_PAYLOAD_KEY`` is set (``temporal.encryption``) and the ``ROLLOUTS_STORAGE`` external
 storage (``temporal.storage``). The encryption names are re-exported here, their historic home.
 Imports temporalio and the two modules above.
+
+Its payload converter class is :class:`SharedPydanticPayloadConverter`: temporalio's pydantic
+payload converter, built once. With external storage on, temporalio copies the data converter
+for every activation and activity it serializes for (``DataConverter._with_store_context`` is a
+``dataclasses.replace``, whose ``__post_init__`` instantiates ``payload_converter_class`` again),
+and each new ``PydanticPayloadConverter`` built a pydantic ``SchemaSerializer`` and started with
+an empty ``TypeAdapter`` cache, so every payload it decoded built its type adapter anew.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 
-from temporalio.contrib.pydantic import pydantic_data_converter
-from temporalio.converter import DataConverter
+from temporalio.contrib.pydantic import PydanticPayloadConverter
+from temporalio.converter import CompositePayloadConverter, DataConverter, EncodingPayloadConverter
 
 from durable_rollouts.errors import ConfigError
 from durable_rollouts.temporal.encryption import (
@@ -29,10 +37,28 @@ __all__ = [
     "KEY_ENV_VAR",
     "AESGCMCodec",
     "PayloadDecryptionError",
+    "SharedPydanticPayloadConverter",
     "data_converter",
     "key_id",
     "parse_keys",
 ]
+
+
+@functools.cache
+def _pydantic_converters() -> tuple[EncodingPayloadConverter, ...]:
+    """The encoding converters of one ``PydanticPayloadConverter`` (stateless but for caches)."""
+    return tuple(PydanticPayloadConverter().converters.values())
+
+
+class SharedPydanticPayloadConverter(PydanticPayloadConverter):
+    """``PydanticPayloadConverter`` whose encoding converters (the JSON one holds the
+    ``TypeAdapter`` cache) are built once per process and shared by every instance."""
+
+    def __init__(self) -> None:
+        CompositePayloadConverter.__init__(self, *_pydantic_converters())
+
+
+PYDANTIC_CONVERTER = DataConverter(payload_converter_class=SharedPydanticPayloadConverter)
 
 
 def data_converter(encrypt: bool | None = None, *, storage: bool = True) -> DataConverter:
@@ -47,7 +73,7 @@ def data_converter(encrypt: bool | None = None, *, storage: bool = True) -> Data
             requires the key (``ConfigError`` without it); False never encrypts.
         storage: False leaves every payload inline (no external storage).
     """
-    converter = pydantic_data_converter
+    converter = PYDANTIC_CONVERTER
     if storage:
         converter = dataclasses.replace(converter, external_storage=external_storage())
     if encrypt is False:

@@ -4,17 +4,22 @@ and the data converter that turns it on exactly when ROLLOUTS_PAYLOAD_KEY is set
 from __future__ import annotations
 
 import base64
+import dataclasses
 import os
+from typing import Annotated, Any
 
 import pytest
+from pydantic_core import core_schema
 from temporalio.api.common.v1 import Payload
-from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.contrib.pydantic import PydanticPayloadConverter
 
 from durable_rollouts.temporal.codec import (
     ENCRYPTED_ENCODING,
     KEY_ENV_VAR,
+    PYDANTIC_CONVERTER,
     AESGCMCodec,
     PayloadDecryptionError,
+    SharedPydanticPayloadConverter,
     data_converter,
     key_id,
 )
@@ -85,14 +90,14 @@ async def test_unencrypted_payloads_pass_through_decode() -> None:
 def test_data_converter_encrypts_only_when_the_key_is_set(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(KEY_ENV_VAR, raising=False)
     assert data_converter().payload_codec is None
-    assert data_converter(storage=False) is pydantic_data_converter
+    assert data_converter(storage=False) is PYDANTIC_CONVERTER
     with pytest.raises(ConfigError, match=KEY_ENV_VAR):
         data_converter(encrypt=True)
     monkeypatch.setenv(KEY_ENV_VAR, _b64(KEY_A))
     assert isinstance(data_converter().payload_codec, AESGCMCodec)
-    assert data_converter(encrypt=False, storage=False) is pydantic_data_converter
+    assert data_converter(encrypt=False, storage=False) is PYDANTIC_CONVERTER
     assert data_converter(encrypt=False).payload_codec is None
-    assert data_converter().payload_converter_class is pydantic_data_converter.payload_converter_class
+    assert data_converter().payload_converter_class is SharedPydanticPayloadConverter
 
 
 @pytest.mark.parametrize("value", ["not base64!!", _b64(os.urandom(16)), " , "])
@@ -100,3 +105,31 @@ def test_malformed_keys_are_config_errors(monkeypatch: pytest.MonkeyPatch, value
     monkeypatch.setenv(KEY_ENV_VAR, value)
     with pytest.raises(ConfigError, match=KEY_ENV_VAR):
         data_converter()
+
+
+class _CountsSchemaBuilds:
+    """A type annotation that counts how often pydantic builds a TypeAdapter's schema for it."""
+
+    def __init__(self) -> None:
+        self.builds = 0
+
+    def __get_pydantic_core_schema__(self, source: Any, handler: Any) -> core_schema.CoreSchema:
+        self.builds += 1
+        return handler(source)
+
+
+@pytest.mark.parametrize("converter_class, builds", [(SharedPydanticPayloadConverter, 1),
+                                                     (PydanticPayloadConverter, 4)])
+async def test_copies_of_the_data_converter_build_a_type_adapter_once(converter_class: type,
+                                                                       builds: int) -> None:
+    """temporalio copies the data converter (``dataclasses.replace``, which instantiates the
+    payload converter class again) for every activation and activity it serializes for. With
+    ours every copy decodes through one TypeAdapter cache: a type's adapter is built once per
+    process. temporalio's own class (the second case) builds it again in every copy."""
+    counter = _CountsSchemaBuilds()
+    hint = Annotated[int, counter]
+    converter = dataclasses.replace(data_converter(), payload_converter_class=converter_class)
+    payloads = await converter.encode([7])
+    for copy in [converter, *(dataclasses.replace(converter) for _ in range(3))]:
+        assert await copy.decode(payloads, [hint]) == [7]
+    assert counter.builds == builds
