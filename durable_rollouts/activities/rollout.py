@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from typing import Any, TypeVar
 
 from temporalio import activity
@@ -55,13 +56,23 @@ __all__ = ["Queues", "RolloutActivities"]
 
 T = TypeVar("T")
 
-# The background beat of long steps: one beat as the step begins (an eagerly dispatched step
-# counts as started on the server before a busy worker gets to run it), then every BEAT_S. The
-# worker sends at most one heartbeat per 2 s (worker.HEARTBEAT_THROTTLE); beating at half that
-# keeps a loop stall of ~3 s inside the agent's 5 s heartbeat timeout. One source only: the
-# agent step used to beat twice as often (steps' own beat as well), each beat an asyncio task
-# and a payload-converter copy in temporalio.
+# The background beat of long steps: every BEAT_S, the first after BEAT_S, so a step shorter
+# than that sends no heartbeat (each heartbeat is a write of the workflow's state on the server).
+# A step that begins running more than BEAT_S after the server started it beats at once: an
+# eagerly dispatched step counts as started before a busy worker gets to run it, and its
+# heartbeat timeout runs from then. The worker sends at most one heartbeat per 2 s
+# (worker.HEARTBEAT_THROTTLE); beating at half that keeps a loop stall of ~3 s inside the
+# agent's 5 s heartbeat timeout. One source only: the agent step used to beat twice as often
+# (steps' own beat as well), each beat an asyncio task and a payload-converter copy in temporalio.
 BEAT_S = 1.0
+
+
+def _started_late(info: activity.Info, beat_s: float) -> bool:
+    """Whether this attempt began running more than ``beat_s`` after the server started it."""
+    started = info.started_time
+    if started.tzinfo is None:
+        started = started.replace(tzinfo=timezone.utc)
+    return (datetime.now(timezone.utc) - started).total_seconds() > beat_s
 
 
 @dataclass(frozen=True)
@@ -121,11 +132,13 @@ class RolloutActivities:
     async def _beating(self, step: Awaitable[T],
                        details: Callable[[], tuple[Any, ...]] | None = None) -> T:
         """Await ``step`` while heartbeating every ``beat_s`` (cancels it if we are cancelled)."""
-        if activity.info().is_local:  # local activities do not heartbeat: no beat task at all
+        info = activity.info()
+        if info.is_local:  # local activities do not heartbeat: no beat task at all
             return await step
         task = asyncio.ensure_future(step)
         try:
-            activity.heartbeat(*(details() if details is not None else ()))
+            if _started_late(info, self.beat_s):  # its heartbeat timeout has been running
+                activity.heartbeat(*(details() if details is not None else ()))
             while True:
                 done, _ = await asyncio.wait({task}, timeout=self.beat_s)
                 if done:
