@@ -1,7 +1,7 @@
 """Worker and server CPU per rollout of one durable batch, with parts of the worker switched off.
 
     python benchmarks/bench_worker_cpu.py [--n 256] [--sleep 2] [--concurrency 64] [--repeats 2]
-        [--variants base,inline,no-owner,no-heartbeat,no-board,patch-marker]
+        [--variants base,inline,no-owner,no-heartbeat,no-board,patch-marker] [--against REV]
 
 Each run is a fresh ``python`` process (so a variant's switch cannot leak into the next) on one
 shared embedded server (a private ``ROLLOUTS_HOME``), and the variants are interleaved
@@ -16,6 +16,9 @@ shared embedded server (a private ``ROLLOUTS_HOME``), and the variants are inter
 - ``patch-marker``: children started as faf8c5e's parent did (no ``RolloutInput.layout``), so
   each new Rollout asks the ``rollout-v2-merged-steps`` patch: one marker event and one
   TemporalChangeVersion upsert more per rollout (benchmark only).
+
+``--against REV`` adds ``base@REV``: the same batch from a git worktree of an older commit (its
+own copy of this script and of the package), interleaved with the others.
 
 Prints wall, rollouts/s, CPU ms per rollout of the worker process (worker + client + the
 in-process env) and of the dev server, and each variant's worker CPU against ``base``.
@@ -99,6 +102,8 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--variants", default=",".join(VARIANTS))
+    parser.add_argument("--against", metavar="REV",
+                        help="also run `base` from a git worktree of REV (an older commit), interleaved")
     parser.add_argument("--one", help=argparse.SUPPRESS)  # internal: run one variant, print JSON
     args = parser.parse_args()
     if args.one:
@@ -110,14 +115,21 @@ def main() -> None:
     unknown = set(variants) - set(VARIANTS)
     if unknown:
         raise SystemExit(f"unknown variants {sorted(unknown)}; known: {', '.join(VARIANTS)}")
+    older = _worktree(args.against) if args.against else None
+    if older is not None:
+        variants.append(f"base@{args.against}")
     runs: dict[str, list[dict[str, float]]] = {v: [] for v in variants}
     with private_home():
         for _ in range(args.repeats):
             for variant in variants:
+                script, env = __file__, None
+                if "@" in variant and older is not None:  # the older tree's own script and code
+                    script = str(older / "benchmarks" / "bench_worker_cpu.py")
+                    env = {**os.environ, "PYTHONPATH": str(older)}
                 out = subprocess.run(
-                    [sys.executable, __file__, "--one", variant, "--n", str(args.n), "--sleep",
-                     str(args.sleep), "--concurrency", str(args.concurrency)],
-                    capture_output=True, text=True, check=True)
+                    [sys.executable, script, "--one", variant.split("@")[0], "--n", str(args.n),
+                     "--sleep", str(args.sleep), "--concurrency", str(args.concurrency)],
+                    capture_output=True, text=True, check=True, env=env)
                 result = json.loads(out.stdout.strip().splitlines()[-1])
                 runs[variant].append(result)
                 print(f"    {variant:13s} {result['wall']:5.1f} s  worker {result['cpu_ms']:5.1f} ms  "
@@ -136,6 +148,23 @@ def main() -> None:
             versus = f"  worker cpu vs base {statistics.median(r['cpu_ms'] for r in results) / base:.2f}"
         print(f"  {variant:13s} wall s {col('wall')}  worker ms/rollout {col('cpu_ms')}  "
               f"server ms/rollout {col('server_ms')}{versus}")
+
+
+def _worktree(rev: str) -> Path:
+    """A detached git worktree of ``rev`` in a temporary folder (removed at exit)."""
+    import atexit
+    import tempfile
+
+    from _common import ROOT
+
+    path = Path(tempfile.mkdtemp(prefix="rollouts-against-"))
+    made = subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", "-f", str(path), rev],
+                          capture_output=True, text=True)
+    if made.returncode != 0:
+        raise SystemExit(f"--against {rev}: git worktree add failed: {made.stderr.strip()}")
+    atexit.register(subprocess.run, ["git", "-C", str(ROOT), "worktree", "remove", "--force", str(path)],
+                    capture_output=True)
+    return path
 
 
 if __name__ == "__main__":

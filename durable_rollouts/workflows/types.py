@@ -224,7 +224,8 @@ class RolloutInput(_Model):
     # The Rollout layout the parent chose, kept in the child's start event (so replay-safe like a
     # patch marker, at no cost): 2 = the merged-steps layout of ``PATCH_V2`` without recording
     # its marker and TemporalChangeVersion upsert. 0 in every history recorded before it: such a
-    # run asks ``workflow.patched(PATCH_V2)`` as it did.
+    # run asks ``workflow.patched(PATCH_V2)`` as it did. A worker refuses a layout above the
+    # ones it knows (the input does not validate): the task fails until a newer worker takes it.
     layout: int = Field(default=0, ge=0, le=2)
 
 
