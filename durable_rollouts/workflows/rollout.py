@@ -73,7 +73,7 @@ with workflow.unsafe.imports_passed_through():
         RolloutInput,
     )
 
-__all__ = ["ROLLOUT_LAYOUT", "Rollout", "is_substrate_gone"]
+__all__ = ["Rollout", "is_substrate_gone"]
 
 
 # Upserted by every Rollout (behind the "rollout-search-attributes" patch): running, then final.
@@ -117,12 +117,11 @@ _LOCAL_IF_FAST = {ACT_PROVISION, ACT_TEARDOWN, ACT_OPEN, ACT_CLOSE}
 # worker, closes with one (grade -> teardown). A run without its marker (started by an older
 # release) asks each earlier patch on its own, exactly as that release did.
 PATCH_V2 = "rollout-v2-merged-steps"
-# The layout a parent of this release starts its children with (``RolloutInput.layout``): the
-# child's input says "merged steps", so a new run asks no patch at all. temporalio writes a
+# A parent of this release names the layout in the child's input (``RolloutInput.layout`` =
+# ``ROLLOUT_LAYOUT``): "merged steps", so a new run asks no patch at all. temporalio writes a
 # marker event and a TemporalChangeVersion search-attribute upsert (a visibility write on the
 # server) for every patch a new run asks; the input is recorded in the start event anyway.
 # Runs whose input has no layout (older parents) ask ``PATCH_V2`` as before.
-ROLLOUT_LAYOUT = 2
 _IMPLIED_BY_V2 = frozenset({"rollout-search-attributes", "agent-checkpoint-schedules",
                             "agent-rerun-on-lost-worker", "verify-session-recorded"})
 # How long a step may wait for a host/process queue before the substrate counts as gone.

@@ -19,13 +19,14 @@ from temporalio.workflow import ParentClosePolicy
 
 with workflow.unsafe.imports_passed_through():
     from durable_rollouts.models import RetryAttempt, RolloutResult, Task
-    from durable_rollouts.workflows.rollout import ROLLOUT_LAYOUT, Rollout
+    from durable_rollouts.workflows.rollout import Rollout
     from durable_rollouts.workflows.types import (
         ACT_LOAD_ROWS,
         ACT_RESOLVE,
         ACT_STORE_RESULTS,
         ERROR_STATUSES,
         RETRYABLE_STATUSES,
+        ROLLOUT_LAYOUT,
         LoadRowsInput,
         Progress,
         ResolveGroupInput,

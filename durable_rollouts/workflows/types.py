@@ -43,6 +43,7 @@ __all__ = [
     "ON_ERROR_POLICIES",
     "OnError",
     "RETRYABLE_STATUSES",
+    "ROLLOUT_LAYOUT",
     "MAX_CONCURRENT",
     "NON_RETRYABLE",
     "LoadRowsInput",
@@ -202,6 +203,10 @@ class TasksetRunResult(_Model):
     result_refs: list[ResultsRef] = Field(default_factory=list)
 
 
+# The Rollout layout a parent of this release starts its children with (``RolloutInput.layout``).
+ROLLOUT_LAYOUT = 2
+
+
 class RolloutInput(_Model):
     rollout_id: str
     job_id: str
@@ -226,7 +231,7 @@ class RolloutInput(_Model):
     # its marker and TemporalChangeVersion upsert. 0 in every history recorded before it: such a
     # run asks ``workflow.patched(PATCH_V2)`` as it did. A worker refuses a layout above the
     # ones it knows (the input does not validate): the task fails until a newer worker takes it.
-    layout: int = Field(default=0, ge=0, le=2)
+    layout: int = Field(default=0, ge=0, le=ROLLOUT_LAYOUT)
 
 
 class ResolveGroupInput(_Model):

@@ -46,8 +46,9 @@ async def test_a_step_shorter_than_the_beat_interval_sends_no_heartbeat() -> Non
 
 async def test_a_longer_step_beats_every_interval_the_first_after_one_interval() -> None:
     beats = await _beats(BEAT_S * 3.5, started_ago_s=0.0)
-    assert len(beats) == 3, beats
-    assert beats[0] >= BEAT_S * 0.9, beats
+    assert len(beats) in (2, 3), beats  # 3, or 2 when a busy loop drifts past the last one
+    gaps = [later - earlier for earlier, later in zip([0.0, *beats], beats)]
+    assert all(gap >= BEAT_S * 0.9 for gap in gaps), beats
 
 
 async def test_a_step_that_begins_late_beats_at_once() -> None:
