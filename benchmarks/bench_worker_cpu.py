@@ -123,7 +123,7 @@ def main() -> None:
         for _ in range(args.repeats):
             for variant in variants:
                 script, env = __file__, None
-                if "@" in variant and older is not None:  # the older tree's own script and code
+                if older is not None and variant.startswith("base@"):  # that tree's script and code
                     script = str(older / "benchmarks" / "bench_worker_cpu.py")
                     env = {**os.environ, "PYTHONPATH": str(older)}
                 out = subprocess.run(

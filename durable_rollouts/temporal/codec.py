@@ -35,6 +35,7 @@ from durable_rollouts.temporal.storage import external_storage
 __all__ = [
     "ENCRYPTED_ENCODING",
     "KEY_ENV_VAR",
+    "PYDANTIC_CONVERTER",
     "AESGCMCodec",
     "PayloadDecryptionError",
     "SharedPydanticPayloadConverter",
@@ -58,6 +59,7 @@ class SharedPydanticPayloadConverter(PydanticPayloadConverter):
         CompositePayloadConverter.__init__(self, *_pydantic_converters())
 
 
+# The converter without codec or storage; ``data_converter()`` adds those.
 PYDANTIC_CONVERTER = DataConverter(payload_converter_class=SharedPydanticPayloadConverter)
 
 
