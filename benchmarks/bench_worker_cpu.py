@@ -1,7 +1,8 @@
 """Worker and server CPU per rollout of one durable batch, with parts of the worker switched off.
 
     python benchmarks/bench_worker_cpu.py [--n 256] [--sleep 2] [--concurrency 64] [--repeats 2]
-        [--variants base,inline,no-owner,no-heartbeat,no-board,patch-marker] [--against REV]
+        [--variants base,inline,no-owner,no-heartbeat,no-board,patch-marker,close-step]
+        [--against REV]
 
 Each run is a fresh ``python`` process (so a variant's switch cannot leak into the next) on one
 shared embedded server (a private ``ROLLOUTS_HOME``), and the variants are interleaved
@@ -15,7 +16,10 @@ shared embedded server (a private ``ROLLOUTS_HOME``), and the variants are inter
 - ``no-board``: without the live-progress board interceptor (benchmark only);
 - ``patch-marker``: children started as faf8c5e's parent did (no ``RolloutInput.layout``), so
   each new Rollout asks the ``rollout-v2-merged-steps`` patch: one marker event and one
-  TemporalChangeVersion upsert more per rollout (benchmark only).
+  TemporalChangeVersion upsert more per rollout (benchmark only);
+- ``close-step``: children started in layout 2, as bfc21b9's parent did: an in-process substrate
+  is graded and torn down by its own local activity after the agent step, not by the agent step
+  (one local activity and one marker event more per rollout; benchmark only).
 
 ``--against REV`` adds ``base@REV``: the same batch from a git worktree of an older commit (its
 own copy of this script and of the package), interleaved with the others.
@@ -39,7 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import LETTERS, letter_tasks, private_home  # noqa: E402
 
-VARIANTS = ("base", "inline", "no-owner", "no-heartbeat", "no-board", "patch-marker")
+VARIANTS = ("base", "inline", "no-owner", "no-heartbeat", "no-board", "patch-marker", "close-step")
 
 
 def _switch_off(variant: str) -> None:
@@ -59,6 +63,10 @@ def _switch_off(variant: str) -> None:
         import durable_rollouts.workflows.taskset_run as taskset_run
 
         taskset_run.ROLLOUT_LAYOUT = 0  # type: ignore[misc]
+    if variant == "close-step":
+        import durable_rollouts.workflows.taskset_run as taskset_run
+
+        taskset_run.ROLLOUT_LAYOUT = 2  # type: ignore[misc]
     if variant == "no-heartbeat":
         from durable_rollouts.activities.rollout import RolloutActivities
 

@@ -287,6 +287,8 @@ class AgentResult(_Model):
     stop_reason: str | None = None
     error: str | None = None
     trace_ref: TraceRef | None = None
+    # Set when the step also graded and tore the substrate down (``AgentInput.close``).
+    grade: Grade | None = None
 
 
 RolloutStatus = Literal["succeeded", "errored", "failed", "cancelled", "timeout"]
@@ -408,6 +410,9 @@ class AgentInput(_Model):
     timeout_s: float | None = None
     checkpoint: Checkpoint | None = None  # the latest checkpoint, when the step is scheduled anew
     schedule: int = 0  # which schedule of the agent step this is (checkpoint fencing)
+    # Grade and tear down in this step once the agent is done (a substrate that dies with its
+    # worker, no verifier): saves the close step. A grade that cannot be had is left to it.
+    close: bool = False
 
 
 class GradeInput(_Model):

@@ -192,6 +192,8 @@ class RolloutActivities:
                 steps.run_agent(inp, heartbeat=checkpoints.heartbeat, trace_store=self.trace_store,
                                 checkpointer=checkpoints.save,
                                 last_attempt=0 < limit <= info.attempt), checkpoints.details)
+            if inp.close:  # grade + teardown here: the substrate dies with this worker anyway
+                result = await self._beating(steps.close_after_agent(inp, result), checkpoints.details)
         return result
 
     @activity.defn(name=ACT_GRADE)

@@ -355,6 +355,24 @@ async def close_rollout(inp: GradeInput, *, provider: DurableProvider | None = N
     return result
 
 
+async def close_after_agent(inp: AgentInput, result: AgentResult) -> AgentResult:
+    """``close_rollout`` right after the agent, in the agent step (``AgentInput.close``).
+
+    Returns ``result`` with its ``grade`` once graded (the substrate is then released). A grade
+    that cannot be had here (the channel failed) is logged and left out, and nothing is torn
+    down: the workflow's own close step then grades with its retries, as without this.
+    """
+    grade_input = GradeInput(endpoint=inp.endpoint, session=inp.session, answer=result.content,
+                             agent_error=result.error)
+    try:
+        grade = await close_rollout(grade_input)
+    except Exception as exc:  # noqa: BLE001 - left to the close step, which reports it
+        log.warning("grading %s in the agent step failed, the close step grades it: %s",
+                    inp.rollout_id, exc)
+        return result
+    return result.model_copy(update={"grade": grade})
+
+
 def _grade_failure(exc: ProtocolError, agent_error: str | None) -> str:
     what = "grading raised in the environment" if isinstance(exc, RemoteTaskError) else "grading was refused"
     suffix = f" (agent error: {agent_error})" if agent_error else ""

@@ -2,9 +2,10 @@
 
 A fast local substrate (``RolloutInput.local_steps``) opens with one merged step, ``open``
 (provision -> connect -> start), and one that dies with its worker closes with one,
-``grade_teardown``; both in the merged-steps layout, which a parent of this release names in the
-child's input (``RolloutInput.layout``) and an older run took from the ``rollout-v2-merged-steps``
-patch (``PATCH_V2``).
+``grade_teardown``; both in the merged-steps layout, which a parent names in the child's input
+(``RolloutInput.layout`` >= 2) and an older run took from the ``rollout-v2-merged-steps`` patch
+(``PATCH_V2``). In layout 3 (this release's parents) the agent step of such a substrate grades
+and tears down itself, and ``grade_teardown`` runs only when it could not grade.
 
 Deterministic: imports only stdlib, temporalio, pydantic and the pure data models; activities
 are referenced by name (``durable_rollouts.workflows.types``). Ordinary failures never fail the
@@ -256,9 +257,15 @@ class Rollout(CheckpointHandlers):
                 prompt = await self._step(ACT_START, StartInput(endpoint=endpoint, session=session,
                                                                 task=inp.task), dict, endpoint)
             phase = self._enter("agent loop")
-            agent = await self._agent(inp, endpoint, session, prompt)
+            # Layout 3: a substrate that dies with its worker is graded and torn down by the agent
+            # step itself (a crash loses it either way); the close step below only when it could not.
+            close = ephemeral and inp.task.verifier is None and inp.layout >= 3
+            agent = await self._agent(inp, endpoint, session, prompt, close)
             if agent is None:  # ConfigError: the agent cannot even be built; nothing to grade
                 raise _Errored(phase, self._agent_config_error)
+            if agent.grade is not None:
+                endpoint = None  # torn down by the agent step: nothing is left for the finally
+                return self._graded(inp, agent, agent.grade)
             phase = self._enter("grading")
             grade_input = GradeInput(endpoint=endpoint, session=session, answer=agent.content,
                                      agent_error=agent.error)
@@ -287,11 +294,11 @@ class Rollout(CheckpointHandlers):
                 await self._teardown(endpoint, session)
 
     async def _agent(self, inp: RolloutInput, endpoint: Endpoint, session: Session,
-                     prompt: dict[str, Any]) -> AgentResult | None:
+                     prompt: dict[str, Any], close: bool) -> AgentResult | None:
         # timeout_s=None: the agent's own timeout applies; the rollout timeout is a workflow timer.
         agent_input = AgentInput(endpoint=endpoint, session=session, task=inp.task, prompt=prompt,
                                  agent=inp.agent, rollout_id=inp.rollout_id, job_id=inp.job_id,
-                                 group_id=inp.group_id)
+                                 group_id=inp.group_id, close=close)
         self._checkpoint = None  # a new substrate (rollout attempt): older checkpoints do not apply
         lost = 0
         while True:

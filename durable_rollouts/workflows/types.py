@@ -204,7 +204,7 @@ class TasksetRunResult(_Model):
 
 
 # The Rollout layout a parent of this release starts its children with (``RolloutInput.layout``).
-ROLLOUT_LAYOUT = 2
+ROLLOUT_LAYOUT = 3
 
 
 class RolloutInput(_Model):
@@ -228,8 +228,9 @@ class RolloutInput(_Model):
     retry: int = 0  # fresh re-runs before this one (the child id then ends in -r<retry>)
     # The Rollout layout the parent chose, kept in the child's start event (so replay-safe like a
     # patch marker, at no cost): 2 = the merged-steps layout of ``PATCH_V2`` without recording
-    # its marker and TemporalChangeVersion upsert. 0 in every history recorded before it: such a
-    # run asks ``workflow.patched(PATCH_V2)`` as it did. A worker refuses a layout above the
+    # its marker and TemporalChangeVersion upsert; 3 = that, and the agent step of a substrate
+    # that dies with its worker grades and tears down too (``AgentInput.close``). 0 in every
+    # history recorded before it: such a run asks ``workflow.patched(PATCH_V2)`` as it did. A worker refuses a layout above the
     # ones it knows (the input does not validate): the task fails until a newer worker takes it.
     layout: int = Field(default=0, ge=0, le=ROLLOUT_LAYOUT)
 

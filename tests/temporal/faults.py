@@ -9,7 +9,8 @@ interceptor on the product worker: ``after_provision``, ``after_connect``, ``aft
 ``after_agent``, ``after_grade``, ``after_verify`` (the activity function returned, so the step
 did its work, and its result is not recorded yet), ``before_teardown`` (the substrate is still
 up) and ``after_teardown``. The merged steps of fast local substrates (``rollouts.open``,
-``rollouts.grade_teardown``) get the same points between their parts: :func:`arm_merged_step_faults`
+``rollouts.grade_teardown``, and the agent step that grades an in-process substrate itself) get
+the same points between their parts: :func:`arm_merged_step_faults`
 wraps the ``sdk.steps`` helpers they call. Inside the agent step, :func:`arm_checkpoint_faults` wraps
 ``AgentCheckpoints.save`` in the worker process: ``after_tool`` (a tool call ran, its result is
 not durable yet) and ``after_checkpoint`` (the checkpoint is durable, nothing after it is). The
@@ -40,7 +41,8 @@ BEFORE = {wf.ACT_TEARDOWN: "before_teardown"}
 # Inside the merged steps (ACT_OPEN, ACT_CLOSE) the same points sit between their parts:
 # merged step -> (sdk.steps function, point before it runs, point after it returned)
 INNER = {wf.ACT_OPEN: ("_fresh", "after_provision", "after_connect"),
-         wf.ACT_CLOSE: ("_end_in", "after_grade", None)}
+         wf.ACT_CLOSE: ("_end_in", "after_grade", None),
+         wf.ACT_AGENT: ("_end_in", "after_grade", None)}  # layout 3: it grades an in-process substrate
 
 
 def maybe_crash(point: str) -> None:

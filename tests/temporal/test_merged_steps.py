@@ -1,7 +1,8 @@
 """The shape of a Rollout started by this release (the merged-steps layout, ``RolloutInput.layout``).
 
 A fast local substrate opens with one local activity (provision -> connect -> start); one that
-dies with its worker (``LocalRuntime``) also closes with one (grade -> teardown); a subprocess
+dies with its worker (``LocalRuntime``) is graded and torn down by its agent step (layout 3), or
+by one close step (grade -> teardown) when the agent step could not grade; a subprocess
 substrate, which outlives a killed worker, keeps grade and teardown apart. A new Rollout records
 no patch marker and no TemporalChangeVersion upsert (its input names the layout), and its status
 starts as running at the child's start (no upsert). Runs of older parents (input without a
@@ -12,19 +13,31 @@ Counted from the real histories of a dev server.
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
-from temporal_helpers import ENV_FILE
+from temporal_helpers import ENV_FILE, read_lines
+from temporalio import activity
+
+from durable_rollouts.errors import ConnectionLostError
 
 from durable_rollouts.models import Task
 from durable_rollouts.sdk.agents import FixedAgent
+from durable_rollouts.sdk import steps
 from durable_rollouts.sdk.providers import LocalRuntime, SubprocessRuntime
+from durable_rollouts.sdk.providers import local as local_provider
 from durable_rollouts.sdk.taskset import Taskset
 from durable_rollouts.temporal.batches import run_taskset
 from durable_rollouts.workflows.types import ACT_AGENT, ACT_CLOSE, ACT_GRADE, ACT_OPEN, ACT_TEARDOWN
 
 
-def _echo(expected: str) -> Task:
-    return Task(env="counting", id="echo", args={"expected": expected}, source=ENV_FILE)
+def _echo(expected: str, grade_log: Path | None = None) -> Task:
+    args = {"expected": expected, **({"grade_log": str(grade_log)} if grade_log else {})}
+    return Task(env="counting", id="echo", args=args, source=ENV_FILE)
+
+
+def _served(job) -> set[str]:
+    """The job's rollouts whose in-process substrate is still served (not torn down)."""
+    return set(local_provider._BY_KEY) & {run.rollout_id for run in job.runs}
 
 
 async def _shape(client, job_id: str) -> list[list[str]]:
@@ -50,14 +63,40 @@ async def _shape(client, job_id: str) -> list[list[str]]:
     return shapes
 
 
-async def test_an_in_process_substrate_opens_and_closes_with_one_step_each(client, task_queue) -> None:
-    job = await run_taskset(Taskset("merged", [_echo("a"), _echo("b")]), FixedAgent(answer="a"),
-                            runtime=LocalRuntime(ENV_FILE), temporal=client, worker=True,
-                            task_queue=task_queue)
+async def test_an_in_process_substrate_opens_with_one_step_and_its_agent_step_closes_it(
+        client, task_queue, evidence) -> None:
+    grades = evidence / "grades.log"
+    job = await run_taskset(Taskset("merged", [_echo("a", grades), _echo("b", grades)]),
+                            FixedAgent(answer="a"), runtime=LocalRuntime(ENV_FILE), temporal=client,
+                            worker=True, task_queue=task_queue)
     assert [r.reward for r in job.runs] == [1.0, 0.0] and [r.status for r in job.runs] == ["succeeded"] * 2
     shapes = await _shape(client, job.id)
-    assert shapes == [[ACT_OPEN, ACT_AGENT, ACT_CLOSE,
-                       "upsert RolloutsReward", "upsert RolloutsStatus"]] * 2, shapes
+    assert shapes == [[ACT_OPEN, ACT_AGENT, "upsert RolloutsReward", "upsert RolloutsStatus"]] * 2, shapes
+    assert len(read_lines(grades)) == 2  # one real grade per rollout
+    assert not _served(job)  # torn down by the agent steps
+
+
+async def test_a_grade_the_agent_step_cannot_get_is_left_to_the_close_step(
+        client, task_queue, evidence, monkeypatch) -> None:
+    """The channel fails as the agent step grades: it returns ungraded, nothing torn down, and
+    the close step grades (once) and tears down."""
+    real = steps.close_rollout
+
+    async def failing_in_the_agent_step(inp, **kwargs):
+        if activity.info().activity_type == ACT_AGENT:
+            raise ConnectionLostError("cut by the test before grading")
+        return await real(inp, **kwargs)
+
+    monkeypatch.setattr(steps, "close_rollout", failing_in_the_agent_step)
+    grades = evidence / "grades.log"
+    job = await run_taskset(Taskset("merged-fallback", [_echo("a", grades)]), FixedAgent(answer="a"),
+                            runtime=LocalRuntime(ENV_FILE), temporal=client, worker=True,
+                            task_queue=task_queue)
+    assert [(r.status, r.reward) for r in job.runs] == [("succeeded", 1.0)]
+    assert await _shape(client, job.id) == [[ACT_OPEN, ACT_AGENT, ACT_CLOSE,
+                                             "upsert RolloutsReward", "upsert RolloutsStatus"]]
+    assert len(read_lines(grades)) == 1
+    assert not _served(job)
 
 
 async def test_a_subprocess_substrate_opens_with_one_step_and_keeps_grade_and_teardown_apart(

@@ -68,6 +68,30 @@ async def test_worker_killed_after_grade_regrade_returns_cached_result(client, t
     assert len(read_lines(evidence / "grades.log")) == 1
 
 
+async def test_worker_killed_after_an_in_process_grade_in_the_agent_step_reruns_on_a_fresh_substrate(
+        client, task_queue, start_worker, evidence: Path) -> None:
+    """An in-process substrate is graded by the agent step itself (layout 3). SIGKILL right after
+    that grade, before the step's result is recorded: the substrate died with its worker, so the
+    retried step finds it gone and the rollout runs again on a fresh one (attempt 2), graded
+    once per substrate, never twice on one."""
+    faults = {"ROLLOUTS_FAULTS": "after_grade", "ROLLOUTS_FAULTS_DIR": str(evidence)}
+    agents = evidence / "agents.log"
+    first = start_worker(**faults)
+    handle = await start_job(Taskset("t", [echo("x", evidence)]), CountingAgent(answer="x", log=str(agents)),
+                             runtime=LocalRuntime(ENV_FILE), temporal=client, worker=False,
+                             task_queue=task_queue)
+    await async_wait_for(lambda: first.proc.poll() is not None, what="worker death")
+    assert first.proc.returncode == -signal.SIGKILL and (evidence / "after_grade.fired").exists()
+    second = start_worker(**faults)
+    job = await asyncio.wait_for(handle.wait(), 90)
+    (run,) = job.runs
+    assert (run.status, run.reward, run.attempts) == ("succeeded", 1.0, 2), run.error
+    assert "attempt 1 (agent loop): SubstrateGone" in (run.error or ""), run.error
+    grades = read_lines(evidence / "grades.log")  # "<tag> <env pid> <answer>": the env is in the worker
+    assert [line.split()[-2] for line in grades] == [str(first.pid), str(second.pid)], grades
+    assert [line.split()[0] for line in read_lines(agents)] == [str(first.pid), str(second.pid)]
+
+
 async def test_substrate_killed_mid_agent_reprovisions_and_records_attempts(client, task_queue,
                                                                             evidence: Path) -> None:
     """SIGKILL the env subprocess while the agent runs: the rollout reprovisions and restarts;
