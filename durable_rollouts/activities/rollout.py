@@ -181,6 +181,8 @@ class RolloutActivities:
 
     @activity.defn(name=ACT_AGENT)
     async def agent(self, inp: AgentInput) -> AgentResult:
+        """The agent's run; with ``inp.close`` (a substrate that dies with this worker) also its
+        grade and teardown, over the agent's channel."""
         with map_errors():
             checkpoints = AgentCheckpoints(inp)
             # a retried attempt resumes from the last checkpoint; fetching it may wait for the
@@ -192,8 +194,6 @@ class RolloutActivities:
                 steps.run_agent(inp, heartbeat=checkpoints.heartbeat, trace_store=self.trace_store,
                                 checkpointer=checkpoints.save,
                                 last_attempt=0 < limit <= info.attempt), checkpoints.details)
-            if inp.close:  # grade + teardown here: the substrate dies with this worker anyway
-                result = await self._beating(steps.close_after_agent(inp, result), checkpoints.details)
         return result
 
     @activity.defn(name=ACT_GRADE)

@@ -128,19 +128,22 @@ class _Batch:
                 endpoint, session, run.prompt = opened.endpoint, opened.session, opened.prompt
                 run.bindings = list(session.bindings)
                 phase = "agent loop"
-                run.trace = await steps.execute_agent(self.agent, AgentInput(
+                agent_input = AgentInput(
                     endpoint=endpoint, session=session, task=task, prompt=run.prompt,
                     agent=_IN_PROCESS, rollout_id=run.rollout_id, job_id=run.job_id,
-                    group_id=run.group_id, timeout_s=self.agent.timeout_s))
-                result = await steps.astore_result(run.trace, self.store)
-                run.trace_ref = result.trace_ref
-                phase = "grading"
-                grade_input = GradeInput(endpoint=endpoint, session=session,
-                                         answer=run.trace.content, agent_error=result.error)
-                if task.verifier is None:  # one connection grades and ends the session
-                    grade = await steps.close_rollout(grade_input, provider=self.runtime)
-                    endpoint = None  # released by close_rollout
-                else:
+                    group_id=run.group_id, timeout_s=self.agent.timeout_s)
+                async with steps.agent_channel(agent_input) as client:
+                    run.trace = await steps.execute_agent(self.agent, agent_input, client=client)
+                    result = await steps.astore_result(run.trace, self.store)
+                    run.trace_ref = result.trace_ref
+                    phase = "grading"
+                    grade_input = GradeInput(endpoint=endpoint, session=session,
+                                             answer=run.trace.content, agent_error=result.error)
+                    if task.verifier is None:  # the agent's connection grades and ends the session
+                        grade = await steps.close_rollout(grade_input, provider=self.runtime,
+                                                          client=client)
+                        endpoint = None  # released by close_rollout
+                if task.verifier is not None:
                     grade = await steps.grade(grade_input)
                     phase = "verifying"
                     run.trace.extra["actor_grade"] = grade.model_dump(mode="json")

@@ -16,7 +16,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -61,6 +61,8 @@ from .tracestore import TraceStore
 
 __all__ = [
     "actor_result",
+    "agent_channel",
+    "close_after_agent",
     "connect",
     "execute_agent",
     "close_rollout",
@@ -235,15 +237,20 @@ async def run_agent(inp: AgentInput, *, heartbeat: Callable[[], None] | None = N
                     last_attempt: bool = False) -> AgentResult:
     """Rebuild the agent, let it work on the session (from ``inp.checkpoint``), store its trace.
 
-    Agent failures and timeouts do not raise: they are recorded in the trace and the result
-    (so the rollout is still graded). Infrastructure failures (substrate gone, a retryable model
+    With ``inp.close`` it then grades and tears down over the agent's own channel
+    (``close_after_agent``). Agent failures and timeouts do not raise: they are recorded in the
+    trace and the result (so the rollout is still graded). Infrastructure failures (substrate gone, a retryable model
     API error on the durable path, a checkpoint that could not be made durable) do raise; on
     the ``last_attempt`` a model API error is retried in-process, then recorded (trace kept).
     """
     agent = load_agent(inp.agent)
-    trace = await execute_agent(agent, inp, heartbeat=heartbeat, checkpointer=checkpointer,
-                                last_attempt=last_attempt)
-    return await astore_result(trace, trace_store)
+    async with agent_channel(inp) as client:
+        trace = await execute_agent(agent, inp, heartbeat=heartbeat, checkpointer=checkpointer,
+                                    last_attempt=last_attempt, client=client)
+        result = await astore_result(trace, trace_store)
+        if inp.close:
+            result = await close_after_agent(inp, result, client)
+    return result
 
 
 async def astore_result(trace: Trace, trace_store: TraceStore | None = None) -> AgentResult:
@@ -258,16 +265,32 @@ def _agent_result(trace: Trace, ref: TraceRef) -> AgentResult:
                        error=error, trace_ref=ref)
 
 
+@contextlib.asynccontextmanager
+async def agent_channel(inp: AgentInput) -> AsyncIterator[EnvClient]:
+    """The agent's connection to its parked session, closed without ``bye`` on exit (the
+    session stays parked for a grade step, unless the caller ended it)."""
+    client = await _resume(inp.endpoint, inp.session)
+    try:
+        yield client
+    finally:
+        with contextlib.suppress(Exception):
+            await client.close()
+
+
 async def execute_agent(agent: Agent, inp: AgentInput, *,
                         heartbeat: Callable[[], None] | None = None,
                         checkpointer: Checkpointer | None = None,
-                        last_attempt: bool = False) -> Trace:
+                        last_attempt: bool = False, client: EnvClient | None = None) -> Trace:
     """Run an agent object on the session under ``inp.timeout_s``; returns its trace.
 
     With ``inp.checkpoint`` the run resumes: the trace is the checkpointed one and the agent
     finds its state in ``run.restored_state``. ``checkpointer`` makes ``run.checkpoint`` durable.
+    ``client``: an open ``agent_channel`` to run on (left open); None opens and closes one.
     """
-    client = await _resume(inp.endpoint, inp.session)
+    if client is None:
+        async with agent_channel(inp) as own:
+            return await execute_agent(agent, inp, heartbeat=heartbeat, checkpointer=checkpointer,
+                                       last_attempt=last_attempt, client=own)
     trace = Trace(trace_id=inp.rollout_id)
     run = Run(task=inp.task, prompt=inp.prompt, bindings=list(client.bindings), client=client,
               trace=trace, job_id=inp.job_id, group_id=inp.group_id, rollout_id=inp.rollout_id,
@@ -298,8 +321,6 @@ async def execute_agent(agent: Agent, inp: AgentInput, *,
         with contextlib.suppress(Exception):
             await run.close_capabilities()
         run.client = None
-        with contextlib.suppress(Exception):
-            await client.close()  # no bye: the session parks for the grade step
     if trace.status == "running":
         trace.status = "completed"
         trace.stop_reason = trace.stop_reason or "done"
@@ -333,14 +354,17 @@ async def _grade_in(client: EnvClient, inp: GradeInput) -> Grade:
     return _to_grade(frame)
 
 
-async def close_rollout(inp: GradeInput, *, provider: DurableProvider | None = None) -> Grade:
-    """``grade -> teardown`` as one step, over one control connection.
+async def close_rollout(inp: GradeInput, *, provider: DurableProvider | None = None,
+                        client: EnvClient | None = None) -> Grade:
+    """``grade -> teardown`` as one step, over one control connection (``client``: the agent's,
+    still open, which this closes; None opens one).
 
     Only for a substrate that dies with this process (``Opened.ephemeral``): a retry after a crash
     finds it gone either way. A failed grade is raised and nothing is torn down (the caller's
     teardown runs); once graded, teardown is best effort and never loses the grade.
     """
-    client = await _resume(inp.endpoint, inp.session)
+    if client is None:
+        client = await _resume(inp.endpoint, inp.session)
     try:
         result = await _grade_in(client, inp)
         with contextlib.suppress(Exception):
@@ -355,8 +379,8 @@ async def close_rollout(inp: GradeInput, *, provider: DurableProvider | None = N
     return result
 
 
-async def close_after_agent(inp: AgentInput, result: AgentResult) -> AgentResult:
-    """``close_rollout`` right after the agent, in the agent step (``AgentInput.close``).
+async def close_after_agent(inp: AgentInput, result: AgentResult, client: EnvClient) -> AgentResult:
+    """``close_rollout`` right after the agent, on its channel ``client`` (``AgentInput.close``).
 
     Returns ``result`` with its ``grade`` once graded (the substrate is then released). A grade
     that cannot be had here (the channel failed) is logged and left out, and nothing is torn
@@ -365,7 +389,7 @@ async def close_after_agent(inp: AgentInput, result: AgentResult) -> AgentResult
     grade_input = GradeInput(endpoint=inp.endpoint, session=inp.session, answer=result.content,
                              agent_error=result.error)
     try:
-        grade = await close_rollout(grade_input)
+        grade = await close_rollout(grade_input, client=client)
     except Exception as exc:  # noqa: BLE001 - left to the close step, which reports it
         log.warning("grading %s in the agent step failed, the close step grades it: %s",
                     inp.rollout_id, exc)

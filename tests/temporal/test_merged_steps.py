@@ -18,6 +18,7 @@ from pathlib import Path
 from temporal_helpers import ENV_FILE, read_lines
 from temporalio import activity
 
+from durable_rollouts.envserver.server import EnvServer
 from durable_rollouts.errors import ConnectionLostError
 
 from durable_rollouts.models import Task
@@ -74,6 +75,24 @@ async def test_an_in_process_substrate_opens_with_one_step_and_its_agent_step_cl
     assert shapes == [[ACT_OPEN, ACT_AGENT, "upsert RolloutsReward", "upsert RolloutsStatus"]] * 2, shapes
     assert len(read_lines(grades)) == 2  # one real grade per rollout
     assert not _served(job)  # torn down by the agent steps
+
+
+async def test_an_in_process_rollout_opens_two_control_connections(client, task_queue, monkeypatch) -> None:
+    """One for the open step, one for the agent step: it grades and ends the session over the
+    agent's own channel (three before: open, agent, close)."""
+    accepted: list[int] = []
+    real = EnvServer._on_connection
+
+    async def counting(self, reader, writer):
+        accepted.append(1)
+        return await real(self, reader, writer)
+
+    monkeypatch.setattr(EnvServer, "_on_connection", counting)
+    job = await run_taskset(Taskset("merged-conns", [_echo("a"), _echo("b"), _echo("c")]),
+                            FixedAgent(answer="a"), runtime=LocalRuntime(ENV_FILE), temporal=client,
+                            worker=True, task_queue=task_queue)
+    assert [r.reward for r in job.runs] == [1.0, 0.0, 0.0]
+    assert len(accepted) == 2 * 3
 
 
 async def test_a_grade_the_agent_step_cannot_get_is_left_to_the_close_step(
