@@ -239,9 +239,10 @@ async def run_agent(inp: AgentInput, *, heartbeat: Callable[[], None] | None = N
 
     With ``inp.close`` it then grades and tears down over the agent's own channel
     (``close_after_agent``). Agent failures and timeouts do not raise: they are recorded in the
-    trace and the result (so the rollout is still graded). Infrastructure failures (substrate gone, a retryable model
-    API error on the durable path, a checkpoint that could not be made durable) do raise; on
-    the ``last_attempt`` a model API error is retried in-process, then recorded (trace kept).
+    trace and the result (so the rollout is still graded). Infrastructure failures (substrate
+    gone, a retryable model API error on the durable path, a checkpoint that could not be made
+    durable) do raise; on the ``last_attempt`` a model API error is retried in-process, then
+    recorded (trace kept).
     """
     agent = load_agent(inp.agent)
     async with agent_channel(inp) as client:

@@ -230,8 +230,9 @@ class RolloutInput(_Model):
     # patch marker, at no cost): 2 = the merged-steps layout of ``PATCH_V2`` without recording
     # its marker and TemporalChangeVersion upsert; 3 = that, and the agent step of a substrate
     # that dies with its worker grades and tears down too (``AgentInput.close``). 0 in every
-    # history recorded before it: such a run asks ``workflow.patched(PATCH_V2)`` as it did. A worker refuses a layout above the
-    # ones it knows (the input does not validate): the task fails until a newer worker takes it.
+    # history recorded before it: such a run asks ``workflow.patched(PATCH_V2)`` as it did. A
+    # worker refuses a layout above the ones it knows (the input does not validate): the task
+    # fails until a newer worker takes it.
     layout: int = Field(default=0, ge=0, le=ROLLOUT_LAYOUT)
 
 
