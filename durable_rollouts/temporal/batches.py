@@ -237,7 +237,7 @@ async def start_job(taskset: Any, agent: Any, *, runtime: Any, group: int | None
                               max_concurrent=max_concurrent, job=job, rollout_timeout=rollout_timeout,
                               name=name, max_attempts=max_attempts, trace_store=trace_store,
                               max_history_events=max_history_events, retries=retries,
-                              on_error=on_error)
+                              on_error=on_error, eager=lease is not None)
     except BaseException:
         if lease is not None:
             await lease.release()
@@ -250,8 +250,13 @@ async def _start(taskset: Any, agent_spec: Any, provider_spec: Any, runtime: Any
                  client: Client, queue: str, *, group: int, max_concurrent: int, job: Job | None,
                  rollout_timeout: float | None, name: str | None, max_attempts: int,
                  trace_store: TraceStore | None, max_history_events: int | None, retries: int = 0,
-                 on_error: str = "keep") -> JobHandle:
-    """Start the ``TasksetRun`` workflow of a validated batch."""
+                 on_error: str = "keep", eager: bool = False) -> JobHandle:
+    """Start the ``TasksetRun`` workflow of a validated batch.
+
+    ``eager``: this process runs a worker on ``queue`` with this client, so ask the server to
+    hand it the first workflow task in the start response (eager workflow start: no dispatch
+    through matching; a server or worker that cannot, starts it as usual).
+    """
     from durable_rollouts.activities.taskset import register_taskset, taskset_class_path
 
     attrs_ok = await ensure_search_attributes(client)
@@ -285,7 +290,7 @@ async def _start(taskset: Any, agent_spec: Any, provider_spec: Any, runtime: Any
         TasksetRun.run, inp, id=workflow_id(job.id, batch_index), task_queue=queue,
         search_attributes=attrs, memo={"job_name": name, "taskset": taskset.name, "group": group,
                                           MEMO_KEY: release_name()},
-        static_summary=f"{name}: {len(rows)} tasks x {group}",
+        static_summary=f"{name}: {len(rows)} tasks x {group}", request_eager_start=eager,
     )
     return JobHandle(job=job, batch_index=batch_index, handle=handle, rows=rows, trace_store=trace_store)
 

@@ -77,6 +77,10 @@ def dev_server_args(port: int, ui_port: int | None, db_file: Path | str | None, 
     """Arguments of ``temporal server start-dev`` for an embedded/test server."""
     args = [temporal_cli(), "server", "start-dev", "--ip", "127.0.0.1", "--port", str(port),
             "--dynamic-config-value", "system.enableActivityEagerExecution=true",
+            # a batch started next to its in-process worker gets its first workflow task in
+            # the start response (``request_eager_start``); the default since server 1.29,
+            # explicit for older CLIs
+            "--dynamic-config-value", "system.enableEagerWorkflowStart=true",
             # one partition per task queue: a single host gains nothing from partitions, and
             # forwarding between them adds tens of ms to every task dispatch
             "--dynamic-config-value", "matching.numTaskqueueReadPartitions=1",

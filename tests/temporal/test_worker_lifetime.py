@@ -68,3 +68,24 @@ async def test_a_wait_that_is_cancelled_stops_the_worker_and_a_new_wait_restarts
     job = await handle.wait()
     assert [r.status for r in job.runs] == ["succeeded"] * 2
     assert running() == [] and _ours() == []
+
+
+async def test_a_batch_next_to_its_worker_starts_eagerly_and_one_without_does_not(
+        client, task_queue, start_worker) -> None:
+    """With an in-process worker the first workflow task comes back in the start response (eager
+    workflow start: no dispatch through matching); a batch for outside workers asks no such thing.
+    The server records what it granted in the start event (``eager_execution_accepted``)."""
+
+    async def accepted(handle) -> bool:
+        history = await handle.fetch_history()
+        return history.events[0].workflow_execution_started_event_attributes.eager_execution_accepted
+
+    eager = await start_job(_tasks(1), FixedAgent(answer="a"), runtime=LocalRuntime(ENV_FILE),
+                            temporal=client, worker=True, task_queue=task_queue)
+    job = await eager.wait()
+    assert [r.status for r in job.runs] == ["succeeded"] and await accepted(eager.handle)
+    start_worker()  # a worker process: this process runs none for the queue
+    remote = await start_job(_tasks(1), FixedAgent(answer="a"), runtime=LocalRuntime(ENV_FILE),
+                             temporal=client, worker=False, task_queue=task_queue)
+    job = await asyncio.wait_for(remote.wait(), 60)
+    assert [r.status for r in job.runs] == ["succeeded"] and not await accepted(remote.handle)
