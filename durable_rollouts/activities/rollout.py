@@ -131,26 +131,30 @@ class RolloutActivities:
 
     async def _beating(self, step: Awaitable[T],
                        details: Callable[[], tuple[Any, ...]] | None = None) -> T:
-        """Await ``step`` while heartbeating every ``beat_s`` (cancels it if we are cancelled)."""
+        """Await ``step`` while heartbeating every ``beat_s``.
+
+        The beats are loop timers (``call_later`` keeps the activity's context), so the step runs
+        in this task, as if awaited directly: no task and no wait per beat interval."""
         info = activity.info()
-        if info.is_local:  # local activities do not heartbeat: no beat task at all
+        if info.is_local:  # local activities do not heartbeat: no beat at all
             return await step
-        task = asyncio.ensure_future(step)
+
+        def beat() -> None:
+            activity.heartbeat(*(details() if details is not None else ()))
+
+        def tick() -> None:
+            nonlocal timer
+            beat()
+            timer = loop.call_later(self.beat_s, tick)
+
+        loop = asyncio.get_running_loop()
+        if _started_late(info, self.beat_s):  # its heartbeat timeout has been running
+            beat()
+        timer = loop.call_later(self.beat_s, tick)
         try:
-            if _started_late(info, self.beat_s):  # its heartbeat timeout has been running
-                activity.heartbeat(*(details() if details is not None else ()))
-            while True:
-                done, _ = await asyncio.wait({task}, timeout=self.beat_s)
-                if done:
-                    return task.result()
-                activity.heartbeat(*(details() if details is not None else ()))
+            return await step
         finally:
-            if not task.done():
-                task.cancel()
-                try:
-                    await task
-                except BaseException:  # noqa: BLE001 - already leaving with the outer error
-                    pass
+            timer.cancel()
 
     @activity.defn(name=ACT_PROVISION)
     async def provision(self, inp: ProvisionInput) -> Endpoint:
