@@ -143,8 +143,9 @@ class _Batch:
                         grade = await steps.close_rollout(grade_input, provider=self.runtime,
                                                           client=client)
                         endpoint = None  # released by close_rollout
+                    else:  # graded on it too; the session stays parked for the verifier
+                        grade = await steps.grade(grade_input, client=client)
                 if task.verifier is not None:
-                    grade = await steps.grade(grade_input)
                     phase = "verifying"
                     run.trace.extra["actor_grade"] = grade.model_dump(mode="json")
                     grade = await verify_once.verify(VerifyInput(

@@ -281,17 +281,13 @@ async def agent_channel(inp: AgentInput) -> AsyncIterator[EnvClient]:
 async def execute_agent(agent: Agent, inp: AgentInput, *,
                         heartbeat: Callable[[], None] | None = None,
                         checkpointer: Checkpointer | None = None,
-                        last_attempt: bool = False, client: EnvClient | None = None) -> Trace:
+                        last_attempt: bool = False, client: EnvClient) -> Trace:
     """Run an agent object on the session under ``inp.timeout_s``; returns its trace.
 
     With ``inp.checkpoint`` the run resumes: the trace is the checkpointed one and the agent
     finds its state in ``run.restored_state``. ``checkpointer`` makes ``run.checkpoint`` durable.
-    ``client``: an open ``agent_channel`` to run on (left open); None opens and closes one.
+    ``client``: the open ``agent_channel`` to run on (left open for the grade).
     """
-    if client is None:
-        async with agent_channel(inp) as own:
-            return await execute_agent(agent, inp, heartbeat=heartbeat, checkpointer=checkpointer,
-                                       last_attempt=last_attempt, client=own)
     trace = Trace(trace_id=inp.rollout_id)
     run = Run(task=inp.task, prompt=inp.prompt, bindings=list(client.bindings), client=client,
               trace=trace, job_id=inp.job_id, group_id=inp.group_id, rollout_id=inp.rollout_id,
@@ -337,8 +333,13 @@ async def _beat(heartbeat: Callable[[], None]) -> None:
         await asyncio.sleep(HEARTBEAT_EVERY_S)
 
 
-async def grade(inp: GradeInput) -> Grade:
-    """Grade the session's task with the agent's answer (idempotent on the server)."""
+async def grade(inp: GradeInput, *, client: EnvClient | None = None) -> Grade:
+    """Grade the session's task with the agent's answer (idempotent on the server).
+
+    ``client``: the agent's channel, still open (left open); None opens and closes one.
+    """
+    if client is not None:
+        return await _grade_in(client, inp)
     client = await _resume(inp.endpoint, inp.session)
     try:
         return await _grade_in(client, inp)

@@ -257,10 +257,10 @@ class Rollout(CheckpointHandlers):
                 prompt = await self._step(ACT_START, StartInput(endpoint=endpoint, session=session,
                                                                 task=inp.task), dict, endpoint)
             phase = self._enter("agent loop")
-            # Layout 3: a substrate that dies with its worker is graded and torn down by the agent
-            # step itself (a crash loses it either way); the close step below only when it could not.
-            close = ephemeral and inp.task.verifier is None and inp.layout >= 3
-            agent = await self._agent(inp, endpoint, session, prompt, close)
+            # A substrate that dies with its worker closes in one step (a crash loses it either
+            # way): in layout 3 the agent step itself, else (or when it could not grade) ACT_CLOSE.
+            one_close = ephemeral and inp.task.verifier is None
+            agent = await self._agent(inp, endpoint, session, prompt, one_close and inp.layout >= 3)
             if agent is None:  # ConfigError: the agent cannot even be built; nothing to grade
                 raise _Errored(phase, self._agent_config_error)
             if agent.grade is not None:
@@ -269,7 +269,7 @@ class Rollout(CheckpointHandlers):
             phase = self._enter("grading")
             grade_input = GradeInput(endpoint=endpoint, session=session, answer=agent.content,
                                      agent_error=agent.error)
-            if ephemeral and inp.task.verifier is None:
+            if one_close:
                 grade = await self._step(ACT_CLOSE, grade_input, Grade, endpoint)
                 endpoint = None  # torn down by the same step: nothing is left for the finally
                 return self._graded(inp, agent, grade)
