@@ -1,7 +1,7 @@
 """Worker and server CPU per rollout of one durable batch, with parts of the worker switched off.
 
     python benchmarks/bench_worker_cpu.py [--n 256] [--sleep 2] [--concurrency 64] [--repeats 2]
-        [--variants base,inline,no-owner,no-heartbeat,no-board,patch-marker,close-step]
+        [--variants base,inline,no-owner,no-heartbeat,no-board,patch-marker,open-step,close-step]
         [--against REV]
 
 Each run is a fresh ``python`` process (so a variant's switch cannot leak into the next) on one
@@ -17,6 +17,9 @@ shared embedded server (a private ``ROLLOUTS_HOME``), and the variants are inter
 - ``patch-marker``: children started as faf8c5e's parent did (no ``RolloutInput.layout``), so
   each new Rollout asks the ``rollout-v2-merged-steps`` patch: one marker event and one
   TemporalChangeVersion upsert more per rollout (benchmark only);
+- ``open-step``: children started in layout 3, as c6e1d70's parent did: an in-process substrate
+  is opened by its own local activity before the agent step (one local activity, one marker
+  event and one control connection more per rollout; benchmark only);
 - ``close-step``: children started in layout 2, as bfc21b9's parent did: an in-process substrate
   is graded and torn down by its own local activity after the agent step, not by the agent step
   (one local activity and one marker event more per rollout; benchmark only).
@@ -43,7 +46,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import LETTERS, letter_tasks, private_home  # noqa: E402
 
-VARIANTS = ("base", "inline", "no-owner", "no-heartbeat", "no-board", "patch-marker", "close-step")
+VARIANTS = ("base", "inline", "no-owner", "no-heartbeat", "no-board", "patch-marker", "open-step",
+            "close-step")
 
 
 def _switch_off(variant: str) -> None:
@@ -63,10 +67,10 @@ def _switch_off(variant: str) -> None:
         import durable_rollouts.workflows.taskset_run as taskset_run
 
         taskset_run.ROLLOUT_LAYOUT = 0  # type: ignore[misc]
-    if variant == "close-step":
+    if variant in ("open-step", "close-step"):
         import durable_rollouts.workflows.taskset_run as taskset_run
 
-        taskset_run.ROLLOUT_LAYOUT = 2  # type: ignore[misc]
+        taskset_run.ROLLOUT_LAYOUT = 3 if variant == "open-step" else 2  # type: ignore[misc]
     if variant == "no-heartbeat":
         from durable_rollouts.activities.rollout import RolloutActivities
 

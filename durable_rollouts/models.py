@@ -19,6 +19,7 @@ __all__ = [
     "AgentResult",
     "ConnectInput",
     "GradeInput",
+    "OpenSpec",
     "Opened",
     "ProvisionInput",
     "StartInput",
@@ -289,6 +290,9 @@ class AgentResult(_Model):
     trace_ref: TraceRef | None = None
     # Set when the step also graded and tore the substrate down (``AgentInput.close``).
     grade: Grade | None = None
+    # Set when the step opened the substrate (``AgentInput.open``) but could not grade it: it is
+    # still up, and the workflow's close step grades it and tears it down.
+    opened: Opened | None = None
 
 
 RolloutStatus = Literal["succeeded", "errored", "failed", "cancelled", "timeout"]
@@ -398,11 +402,21 @@ class Checkpoint(_Model):
     last_tool: str | None = None
 
 
+class OpenSpec(_Model):
+    """What an agent step that opens its own substrate needs (``AgentInput.open``, layout 4)."""
+
+    key: str  # the substrate key of this rollout attempt (``ProvisionInput.key``)
+    provider: ProviderSpec
+
+
 class AgentInput(_Model):
-    endpoint: Endpoint
-    session: Session
+    """The agent step's input: the parked session it works on, or (``open``) what to open it with."""
+
+    # None only with ``open``: the step opens the substrate itself and fills these in.
+    endpoint: Endpoint | None = None
+    session: Session | None = None
     task: Task
-    prompt: dict[str, Any]
+    prompt: dict[str, Any] = Field(default_factory=dict)
     agent: AgentSpec
     rollout_id: str
     job_id: str = ""
@@ -413,6 +427,14 @@ class AgentInput(_Model):
     # Grade and tear down in this step once the agent is done (a substrate that dies with its
     # worker, no verifier): saves the close step. A grade that cannot be had is left to it.
     close: bool = False
+    # Layout 4: open the substrate in this step first (provision -> connect -> start), then work,
+    # grade and tear down as with ``close``: the whole rollout is one activity.
+    open: OpenSpec | None = None
+
+    def on(self, opened: Opened) -> AgentInput:
+        """This input on the substrate ``opened`` (an ``open`` step, once it has opened it)."""
+        return self.model_copy(update={"endpoint": opened.endpoint, "session": opened.session,
+                                       "prompt": opened.prompt, "open": None, "close": True})
 
 
 class GradeInput(_Model):

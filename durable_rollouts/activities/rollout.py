@@ -10,6 +10,7 @@ from the provider's locality and this worker's queues.
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -19,6 +20,8 @@ from temporalio import activity
 
 from durable_rollouts.activities.checkpoints import AgentCheckpoints
 from durable_rollouts.activities.failures import map_errors, map_step_errors
+from durable_rollouts.activities.parked import PARKED, release_quietly
+from durable_rollouts.errors import ConfigError, ModelAPIError, SubstrateGoneError
 from durable_rollouts.models import (
     AgentInput,
     AgentResult,
@@ -35,6 +38,7 @@ from durable_rollouts.models import (
     VerifyInput,
 )
 from durable_rollouts.sdk import steps, verifier, verify_once
+from durable_rollouts.sdk.agents import load_agent
 from durable_rollouts.sdk.providers import provider_from_spec
 from durable_rollouts.sdk.tracestore import TraceStore
 from durable_rollouts.workflows.types import (
@@ -56,6 +60,8 @@ __all__ = ["Queues", "RolloutActivities"]
 
 T = TypeVar("T")
 
+log = logging.getLogger(__name__)
+
 # The background beat of long steps: every BEAT_S, the first after BEAT_S, so a step shorter
 # than that sends no heartbeat (each heartbeat is a write of the workflow's state on the server).
 # A step that begins running more than BEAT_S after the server started it beats at once: an
@@ -73,6 +79,25 @@ def _started_late(info: activity.Info, beat_s: float) -> bool:
     if started.tzinfo is None:
         started = started.replace(tzinfo=timezone.utc)
     return (datetime.now(timezone.utc) - started).total_seconds() > beat_s
+
+
+def _retried(exc: Exception) -> bool:
+    """Whether Temporal retries an agent step that raised ``exc`` (attempts left aside)."""
+    return not (isinstance(exc, ModelAPIError) and not exc.retryable)
+
+
+async def _grade_failed(opened: Opened, error: str) -> AgentResult:
+    """An agent failure that ends a one-step rollout, graded and torn down here (best effort);
+    a grade that cannot be had leaves the substrate to the workflow's close step."""
+    failed = AgentResult(status="error", error=error)
+    try:
+        grade = await steps.close_rollout(GradeInput(endpoint=opened.endpoint, session=opened.session,
+                                                     agent_error=error))
+    except Exception as exc:  # noqa: BLE001 - the close step grades it, with its retries
+        log.warning("grading %s after its agent failed did not work, the close step grades it: %s",
+                    opened.endpoint.key, exc)
+        return failed.model_copy(update={"opened": opened})
+    return failed.model_copy(update={"grade": grade})
 
 
 @dataclass(frozen=True)
@@ -194,11 +219,49 @@ class RolloutActivities:
             inp = await self._beating(checkpoints.restore(inp), checkpoints.details)
             info = activity.info()
             limit = info.retry_policy.maximum_attempts if info.retry_policy else 0
+            last = 0 < limit <= info.attempt
+            if inp.open is not None:
+                return await self._open_and_run(inp, checkpoints, last)
             result = await self._beating(
                 steps.run_agent(inp, heartbeat=checkpoints.heartbeat, trace_store=self.trace_store,
-                                checkpointer=checkpoints.save,
-                                last_attempt=0 < limit <= info.attempt), checkpoints.details)
+                                checkpointer=checkpoints.save, last_attempt=last),
+                checkpoints.details)
         return result
+
+    async def _open_and_run(self, inp: AgentInput, checkpoints: AgentCheckpoints,
+                            last: bool) -> AgentResult:
+        """Layout 4: open the substrate (or claim the one an earlier attempt parked), run the
+        agent, grade and tear down. The substrate is this step's own (the workflow does not
+        know it): it is parked for a retry, torn down when the step ends for good, and an agent
+        failure that ends it is graded here, best effort, as the workflow grades one otherwise."""
+        assert inp.open is not None
+        agent = load_agent(inp.agent)  # a ConfigError before anything is opened
+        opened, client = PARKED.claim(inp.open.key), None
+        if opened is None:
+            if inp.checkpoint is not None:  # the session it checkpointed lived in another process
+                raise SubstrateGoneError(f"substrate {inp.open.key} is gone with the worker of an "
+                                         "earlier attempt")
+            with map_step_errors():  # the agent then works on the connection that started it
+                opened, client = await self._beating(steps.open_channel(
+                    inp.task, inp.open.key, provider_from_spec(inp.open.provider)), checkpoints.details)
+        try:
+            result = await self._beating(
+                steps.run_agent(inp.on(opened), heartbeat=checkpoints.heartbeat,
+                                trace_store=self.trace_store, checkpointer=checkpoints.save,
+                                last_attempt=last, agent=agent, client=client),
+                checkpoints.details)
+        except asyncio.CancelledError:
+            await asyncio.shield(release_quietly(opened))
+            raise
+        except (SubstrateGoneError, ConfigError):
+            await asyncio.shield(release_quietly(opened))
+            raise
+        except Exception as exc:
+            if not last and _retried(exc):
+                PARKED.park(inp.open.key, opened)
+                raise
+            return await _grade_failed(opened, str(exc) or type(exc).__name__)
+        return result if result.grade is not None else result.model_copy(update={"opened": opened})
 
     @activity.defn(name=ACT_GRADE)
     async def grade(self, inp: GradeInput) -> Grade:

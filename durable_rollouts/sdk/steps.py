@@ -205,27 +205,35 @@ async def open_rollout(task: Task, key: str, provider: DurableProvider) -> Opene
     substrate before it is raised (nobody else knows the endpoint yet); every failure is raised
     as :class:`StepFailed` naming the phase that failed.
     """
+    opened, client = await open_channel(task, key, provider)
+    await client.close()
+    return opened
+
+
+async def open_channel(task: Task, key: str, provider: DurableProvider) -> tuple[Opened, EnvClient]:
+    """``open_rollout``, and its control connection left open for the caller (``run_agent``'s
+    ``client``), who closes it."""
     try:
         endpoint = await provider.acquire(task, key)
     except Exception as exc:
         raise StepFailed("provisioning", exc) from exc
-    phase, session = "connecting", None
+    phase, session, client = "connecting", None, None
     try:
         client = await _fresh(endpoint, _ready_timeout(endpoint))
-        try:
-            session = _session_of(client)
-            phase = "starting task"
-            prompt = await _start_task(client, task)
-        finally:
-            await client.close()
+        session = _session_of(client)
+        phase = "starting task"
+        prompt = await _start_task(client, task)
     except BaseException as exc:
+        if client is not None:
+            with contextlib.suppress(Exception):
+                await client.close()
         with contextlib.suppress(Exception):
             await asyncio.shield(teardown_with(endpoint, session, provider))
         if isinstance(exc, Exception):
             raise StepFailed(phase, exc) from exc
         raise
     return Opened(endpoint=endpoint, session=session, prompt=prompt,
-                  ephemeral=bool(getattr(provider, "ephemeral", False)))
+                  ephemeral=bool(getattr(provider, "ephemeral", False))), client
 
 
 Checkpointer = Callable[[Checkpoint], Awaitable[None]]
@@ -234,7 +242,8 @@ Checkpointer = Callable[[Checkpoint], Awaitable[None]]
 async def run_agent(inp: AgentInput, *, heartbeat: Callable[[], None] | None = None,
                     trace_store: TraceStore | None = None,
                     checkpointer: Checkpointer | None = None,
-                    last_attempt: bool = False) -> AgentResult:
+                    last_attempt: bool = False, agent: Agent | None = None,
+                    client: EnvClient | None = None) -> AgentResult:
     """Rebuild the agent, let it work on the session (from ``inp.checkpoint``), store its trace.
 
     With ``inp.close`` it then grades and tears down over the agent's own channel
@@ -242,15 +251,17 @@ async def run_agent(inp: AgentInput, *, heartbeat: Callable[[], None] | None = N
     trace and the result (so the rollout is still graded). Infrastructure failures (substrate
     gone, a retryable model API error on the durable path, a checkpoint that could not be made
     durable) do raise; on the ``last_attempt`` a model API error is retried in-process, then
-    recorded (trace kept).
+    recorded (trace kept). ``agent``: ``inp.agent`` already built (else it is built here).
+    ``client``: the session's open connection (``open_channel``), which this closes; None
+    resumes the session on a new one.
     """
-    agent = load_agent(inp.agent)
-    async with agent_channel(inp) as client:
+    agent = agent or load_agent(inp.agent)
+    async with agent_channel(inp, client) as channel:
         trace = await execute_agent(agent, inp, heartbeat=heartbeat, checkpointer=checkpointer,
-                                    last_attempt=last_attempt, client=client)
+                                    last_attempt=last_attempt, client=channel)
         result = await astore_result(trace, trace_store)
         if inp.close:
-            result = await close_after_agent(inp, result, client)
+            result = await close_after_agent(inp, result, channel)
     return result
 
 
@@ -267,10 +278,13 @@ def _agent_result(trace: Trace, ref: TraceRef) -> AgentResult:
 
 
 @contextlib.asynccontextmanager
-async def agent_channel(inp: AgentInput) -> AsyncIterator[EnvClient]:
-    """The agent's connection to its parked session, closed without ``bye`` on exit (the
-    session stays parked for a grade step, unless the caller ended it)."""
-    client = await _resume(inp.endpoint, inp.session)
+async def agent_channel(inp: AgentInput, client: EnvClient | None = None) -> AsyncIterator[EnvClient]:
+    """The agent's connection to its parked session (``client``, else a new one), closed without
+    ``bye`` on exit (the session stays parked for a grade step, unless the caller ended it)."""
+    if inp.endpoint is None or inp.session is None:
+        raise ValueError("agent_channel needs an opened substrate (AgentInput.on)")
+    if client is None:
+        client = await _resume(inp.endpoint, inp.session)
     try:
         yield client
     finally:
@@ -388,6 +402,7 @@ async def close_after_agent(inp: AgentInput, result: AgentResult, client: EnvCli
     that cannot be had here (the channel failed) is logged and left out, and nothing is torn
     down: the workflow's own close step then grades with its retries, as without this.
     """
+    assert inp.endpoint is not None and inp.session is not None  # it ran on them
     grade_input = GradeInput(endpoint=inp.endpoint, session=inp.session, answer=result.content,
                              agent_error=result.error)
     try:

@@ -282,6 +282,7 @@ async def _start(taskset: Any, agent_spec: Any, provider_spec: Any, runtime: Any
         rollout_timeout_s=rollout_timeout, max_attempts=max_attempts, task_queue=queue,
         search_attributes=attrs_ok, retries=retries, on_error=on_error,  # type: ignore[arg-type]
         local_steps=getattr(runtime, "locality", "global") in ("process", "host"),
+        ephemeral=bool(getattr(runtime, "ephemeral", False)),
         **({"max_history_events": max_history_events, "flush_results_over": 0}
            if max_history_events else {}),
     )

@@ -4,8 +4,10 @@ A fast local substrate (``RolloutInput.local_steps``) opens with one merged step
 (provision -> connect -> start), and one that dies with its worker closes with one,
 ``grade_teardown``; both in the merged-steps layout, which a parent names in the child's input
 (``RolloutInput.layout`` >= 2) and an older run took from the ``rollout-v2-merged-steps`` patch
-(``PATCH_V2``). In layout 3 (this release's parents) the agent step of such a substrate grades
-and tears down itself, and ``grade_teardown`` runs only when it could not grade.
+(``PATCH_V2``). In layout 3 the agent step of such a substrate grades and tears down itself, and
+``grade_teardown`` runs only when it could not grade. In layout 4 (this release's parents) the
+agent step also opens it when the parent says it is ephemeral and the task has no verifier: the
+rollout is one activity (``AgentInput.open``).
 
 Deterministic: imports only stdlib, temporalio, pydantic and the pure data models; activities
 are referenced by name (``durable_rollouts.workflows.types``). Ordinary failures never fail the
@@ -39,6 +41,7 @@ with workflow.unsafe.imports_passed_through():
         Grade,
         GradeInput,
         Opened,
+        OpenSpec,
         ProvisionInput,
         RolloutResult,
         Session,
@@ -245,27 +248,40 @@ class Rollout(CheckpointHandlers):
         try:
             phase = self._enter("provisioning")
             provision = ProvisionInput(key=key, task=inp.task, provider=inp.provider)
-            if merged:
-                opened: Opened = await self._step(ACT_OPEN, provision, Opened, None)
-                endpoint, session, prompt = opened.endpoint, opened.session, opened.prompt
-                ephemeral = opened.ephemeral
+            one_step = merged and inp.layout >= 4 and inp.ephemeral and inp.task.verifier is None
+            if one_step:
+                # Layout 4: a substrate that dies with its worker, no verifier: the agent step
+                # opens, works, grades and tears down; the rollout is one activity.
+                phase = self._enter("agent loop")
+                agent = await self._agent(inp, None, None, {}, True,
+                                          OpenSpec(key=key, provider=inp.provider))
+                if agent is not None and agent.opened is not None:  # opened, but not graded
+                    endpoint, session = agent.opened.endpoint, agent.opened.session
+                one_close = True
             else:
-                endpoint = await self._step(ACT_PROVISION, provision, Endpoint, None)
-                phase = self._enter("connecting")
-                session = await self._step(ACT_CONNECT, ConnectInput(endpoint=endpoint), Session, endpoint)
-                phase = self._enter("starting task")
-                prompt = await self._step(ACT_START, StartInput(endpoint=endpoint, session=session,
-                                                                task=inp.task), dict, endpoint)
-            phase = self._enter("agent loop")
-            # A substrate that dies with its worker closes in one step (a crash loses it either
-            # way): in layout 3 the agent step itself, else (or when it could not grade) ACT_CLOSE.
-            one_close = ephemeral and inp.task.verifier is None
-            agent = await self._agent(inp, endpoint, session, prompt, one_close and inp.layout >= 3)
+                if merged:
+                    opened: Opened = await self._step(ACT_OPEN, provision, Opened, None)
+                    endpoint, session, prompt = opened.endpoint, opened.session, opened.prompt
+                    ephemeral = opened.ephemeral
+                else:
+                    endpoint = await self._step(ACT_PROVISION, provision, Endpoint, None)
+                    phase = self._enter("connecting")
+                    session = await self._step(ACT_CONNECT, ConnectInput(endpoint=endpoint), Session,
+                                               endpoint)
+                    phase = self._enter("starting task")
+                    prompt = await self._step(ACT_START, StartInput(endpoint=endpoint, session=session,
+                                                                    task=inp.task), dict, endpoint)
+                phase = self._enter("agent loop")
+                # A substrate that dies with its worker closes in one step (a crash loses it
+                # either way): in layout 3 the agent step itself, else (or when it could not
+                # grade) ACT_CLOSE.
+                one_close = ephemeral and inp.task.verifier is None
+                agent = await self._agent(inp, endpoint, session, prompt, one_close and inp.layout >= 3)
             if agent is None:  # ConfigError: the agent cannot even be built; nothing to grade
                 raise _Errored(phase, self._agent_config_error)
-            if agent.grade is not None:
+            if agent.grade is not None or endpoint is None:
                 endpoint = None  # torn down by the agent step: nothing is left for the finally
-                return self._graded(inp, agent, agent.grade)
+                return self._graded(inp, agent, agent.grade or Grade.error("not graded"))
             phase = self._enter("grading")
             grade_input = GradeInput(endpoint=endpoint, session=session, answer=agent.content,
                                      agent_error=agent.error)
@@ -293,12 +309,13 @@ class Rollout(CheckpointHandlers):
                 self._phase = "teardown"
                 await self._teardown(endpoint, session)
 
-    async def _agent(self, inp: RolloutInput, endpoint: Endpoint, session: Session,
-                     prompt: dict[str, Any], close: bool) -> AgentResult | None:
+    async def _agent(self, inp: RolloutInput, endpoint: Endpoint | None, session: Session | None,
+                     prompt: dict[str, Any], close: bool,
+                     open_spec: OpenSpec | None = None) -> AgentResult | None:
         # timeout_s=None: the agent's own timeout applies; the rollout timeout is a workflow timer.
         agent_input = AgentInput(endpoint=endpoint, session=session, task=inp.task, prompt=prompt,
                                  agent=inp.agent, rollout_id=inp.rollout_id, job_id=inp.job_id,
-                                 group_id=inp.group_id, close=close)
+                                 group_id=inp.group_id, close=close, open=open_spec)
         self._checkpoint = None  # a new substrate (rollout attempt): older checkpoints do not apply
         lost = 0
         while True:
@@ -311,6 +328,8 @@ class Rollout(CheckpointHandlers):
             except STEP_FAILURES as err:
                 if is_substrate_gone(err) or is_cancelled(err):
                     raise
+                if open_spec is not None and failed_phase(err, "agent loop") in _BEFORE_LAUNCH:
+                    raise  # it could not open: a failed start, whatever the cause
                 if is_config_error(err):
                     self._agent_config_error = failure_message(err)
                     return None
@@ -323,6 +342,10 @@ class Rollout(CheckpointHandlers):
                     workflow.logger.warning("rollout %s: agent lost its worker on every attempt; "
                                             "scheduling it again (%d)", inp.rollout_id, lost)
                     continue
+                if open_spec is not None:
+                    # The step itself grades what it can (the substrate is its own); a failure
+                    # that ends it (it could not open, or its worker was lost) is the result.
+                    raise
                 # Any other agent failure is still graded, best effort.
                 status = "timeout" if is_timeout(err) else "error"
                 return AgentResult(status=status, error=failure_message(err))

@@ -309,7 +309,8 @@ class TasksetRun:
         child = RolloutInput(rollout_id=wid, job_id=inp.job_id, group_id=gid, group_index=group_index,
                              row_index=row_index, task=task, agent=inp.agent, provider=inp.provider,
                              rollout_timeout_s=inp.rollout_timeout_s, max_attempts=inp.max_attempts,
-                             local_steps=inp.local_steps, task_queue=inp.task_queue,
+                             local_steps=inp.local_steps, ephemeral=inp.ephemeral,
+                             task_queue=inp.task_queue,
                              search_attributes=inp.search_attributes, retry=retry,
                              status_at_start=inp.search_attributes, layout=ROLLOUT_LAYOUT)
         attrs = None

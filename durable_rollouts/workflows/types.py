@@ -178,6 +178,9 @@ class TasksetRunInput(_Model):
     retries: int = Field(default=0, ge=0, le=20)
     on_error: OnError = "keep"
     local_steps: bool = True  # fast local substrate: provision/teardown as local activities too
+    # The substrate lives in the worker process that opens it and dies with it (``LocalRuntime``):
+    # in layout 4 its whole rollout is one agent step.
+    ephemeral: bool = False
     task_queue: str = DEFAULT_TASK_QUEUE
     search_attributes: bool = True
     # continue-as-new once history passes this many events (or the server suggests it);
@@ -204,7 +207,7 @@ class TasksetRunResult(_Model):
 
 
 # The Rollout layout a parent of this release starts its children with (``RolloutInput.layout``).
-ROLLOUT_LAYOUT = 3
+ROLLOUT_LAYOUT = 4
 
 
 class RolloutInput(_Model):
@@ -219,6 +222,7 @@ class RolloutInput(_Model):
     rollout_timeout_s: float | None = None
     max_attempts: int = Field(default=3, ge=1)
     local_steps: bool = False
+    ephemeral: bool = False  # as ``TasksetRunInput.ephemeral``
     task_queue: str = DEFAULT_TASK_QUEUE  # the queue this workflow runs on (replay-safe)
     # Upsert RolloutsStatus/Reward/ErrorPhase (the parent knows they are registered); False in
     # every history recorded before these attributes existed.
@@ -229,7 +233,9 @@ class RolloutInput(_Model):
     # The Rollout layout the parent chose, kept in the child's start event (so replay-safe like a
     # patch marker, at no cost): 2 = the merged-steps layout of ``PATCH_V2`` without recording
     # its marker and TemporalChangeVersion upsert; 3 = that, and the agent step of a substrate
-    # that dies with its worker grades and tears down too (``AgentInput.close``). 0 in every
+    # that dies with its worker grades and tears down too (``AgentInput.close``); 4 = that, and
+    # such a substrate (``ephemeral``, no verifier) is opened by the agent step as well
+    # (``AgentInput.open``): the rollout is one activity. 0 in every
     # history recorded before it: such a run asks ``workflow.patched(PATCH_V2)`` as it did. A
     # worker refuses a layout above the ones it knows (the input does not validate): the task
     # fails until a newer worker takes it.

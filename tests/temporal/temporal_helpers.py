@@ -39,6 +39,50 @@ class CountingAgent(Agent):
         run.trace.content = self.answer
 
 
+class FailOnceAgent(Agent):
+    """Logs ``<pid> <session id> <restored turn>`` per attempt to ``log``, checkpoints turn 1
+    (unless ``checkpoint=False``), and on its first attempt then raises a model API error
+    (``retryable`` or not); later attempts answer ``answer``."""
+
+    answer: str = "x"
+    log: str = ""
+    retryable: bool = True
+    checkpoint: bool = True
+
+    async def __call__(self, run: Run) -> None:
+        from durable_rollouts.errors import ModelAPIError
+
+        restored = (run.restored_state or {}).get("turn")
+        with open(self.log, "a") as fh:
+            fh.write(f"{os.getpid()} {run.client.session_id if run.client else None} {restored}\n")
+        if restored is None and self.checkpoint:
+            await run.checkpoint({"turn": 1})
+        first = len(Path(self.log).read_text().splitlines()) == 1
+        if first:
+            raise ModelAPIError("answered 503: try again" if self.retryable else "answered 401: bad key",
+                                retryable=self.retryable, status=503 if self.retryable else 401,
+                                retry_after_s=0.2 if self.retryable else None)
+        run.trace.content = self.answer
+
+
+class CheckpointingAgent(Agent):
+    """``turns`` turns, each logged as ``<pid> <session id> <turn>`` to ``log`` and then
+    checkpointed; resumes after the last checkpointed turn. Answers ``answer``."""
+
+    turns: int = 3
+    log: str = ""
+    answer: str = "x"
+
+    async def __call__(self, run: Run) -> None:
+        turn = (run.restored_state or {}).get("turn", 0)
+        while turn < self.turns:
+            turn += 1
+            with open(self.log, "a") as fh:
+                fh.write(f"{os.getpid()} {run.client.session_id if run.client else None} {turn}\n")
+            await run.checkpoint({"turn": turn})
+        run.trace.content = self.answer
+
+
 class BigTraceAgent(Agent):
     """Records a trace of about ``size`` bytes (claim-check test)."""
 

@@ -1,9 +1,9 @@
 """The shape of a Rollout started by this release (the merged-steps layout, ``RolloutInput.layout``).
 
-A fast local substrate opens with one local activity (provision -> connect -> start); one that
-dies with its worker (``LocalRuntime``) is graded and torn down by its agent step (layout 3), or
-by one close step (grade -> teardown) when the agent step could not grade; a subprocess
-substrate, which outlives a killed worker, keeps grade and teardown apart. A new Rollout records
+A substrate that dies with its worker (``LocalRuntime``) is one agent step (layout 4): it opens
+(provision -> connect -> start), works, grades and tears down; when it cannot grade, one close
+step (grade -> teardown) does. A subprocess substrate, which outlives a killed worker, opens
+with one local activity (provision -> connect -> start) and keeps grade and teardown apart. A new Rollout records
 no patch marker and no TemporalChangeVersion upsert (its input names the layout), and its status
 starts as running at the child's start (no upsert). Runs of older parents (input without a
 layout) still ask ``rollout-v2-merged-steps``: the golden histories of faf8c5e replay that.
@@ -64,22 +64,21 @@ async def _shape(client, job_id: str) -> list[list[str]]:
     return shapes
 
 
-async def test_an_in_process_substrate_opens_with_one_step_and_its_agent_step_closes_it(
-        client, task_queue, evidence) -> None:
+async def test_an_in_process_rollout_is_one_agent_step(client, task_queue, evidence) -> None:
     grades = evidence / "grades.log"
     job = await run_taskset(Taskset("merged", [_echo("a", grades), _echo("b", grades)]),
                             FixedAgent(answer="a"), runtime=LocalRuntime(ENV_FILE), temporal=client,
                             worker=True, task_queue=task_queue)
     assert [r.reward for r in job.runs] == [1.0, 0.0] and [r.status for r in job.runs] == ["succeeded"] * 2
     shapes = await _shape(client, job.id)
-    assert shapes == [[ACT_OPEN, ACT_AGENT, "upsert RolloutsReward", "upsert RolloutsStatus"]] * 2, shapes
+    assert shapes == [[ACT_AGENT, "upsert RolloutsReward", "upsert RolloutsStatus"]] * 2, shapes
     assert len(read_lines(grades)) == 2  # one real grade per rollout
     assert not _served(job)  # torn down by the agent steps
 
 
-async def test_an_in_process_rollout_opens_two_control_connections(client, task_queue, monkeypatch) -> None:
-    """One for the open step, one for the agent step: it grades and ends the session over the
-    agent's own channel (three before: open, agent, close)."""
+async def test_an_in_process_rollout_opens_one_control_connection(client, task_queue, monkeypatch) -> None:
+    """The one step starts the task, lets the agent work, grades and ends the session on one
+    connection (two in layout 3: open, agent; three in layout 2: open, agent, close)."""
     accepted: list[int] = []
     real = EnvServer._on_connection
 
@@ -92,13 +91,13 @@ async def test_an_in_process_rollout_opens_two_control_connections(client, task_
                             FixedAgent(answer="a"), runtime=LocalRuntime(ENV_FILE), temporal=client,
                             worker=True, task_queue=task_queue)
     assert [r.reward for r in job.runs] == [1.0, 0.0, 0.0]
-    assert len(accepted) == 2 * 3
+    assert len(accepted) == 1 * 3
 
 
 async def test_a_grade_the_agent_step_cannot_get_is_left_to_the_close_step(
         client, task_queue, evidence, monkeypatch) -> None:
-    """The channel fails as the agent step grades: it returns ungraded, nothing torn down, and
-    the close step grades (once) and tears down."""
+    """The channel fails as the agent step grades: it returns ungraded with its substrate (still
+    up), and the close step grades (once) and tears down."""
     real = steps.close_rollout
 
     async def failing_in_the_agent_step(inp, **kwargs):
@@ -112,7 +111,7 @@ async def test_a_grade_the_agent_step_cannot_get_is_left_to_the_close_step(
                             runtime=LocalRuntime(ENV_FILE), temporal=client, worker=True,
                             task_queue=task_queue)
     assert [(r.status, r.reward) for r in job.runs] == [("succeeded", 1.0)]
-    assert await _shape(client, job.id) == [[ACT_OPEN, ACT_AGENT, ACT_CLOSE,
+    assert await _shape(client, job.id) == [[ACT_AGENT, ACT_CLOSE,
                                              "upsert RolloutsReward", "upsert RolloutsStatus"]]
     assert len(read_lines(grades)) == 1
     assert not _served(job)

@@ -13,7 +13,14 @@ import signal
 from pathlib import Path
 
 import pytest
-from temporal_helpers import ENV_FILE, CountingAgent, DevServer, async_wait_for, read_lines
+from temporal_helpers import (
+    ENV_FILE,
+    CheckpointingAgent,
+    CountingAgent,
+    DevServer,
+    async_wait_for,
+    read_lines,
+)
 
 from durable_rollouts.models import Task
 from durable_rollouts.temporal.batches import start_job
@@ -70,10 +77,10 @@ async def test_worker_killed_after_grade_regrade_returns_cached_result(client, t
 
 async def test_worker_killed_after_an_in_process_grade_in_the_agent_step_reruns_on_a_fresh_substrate(
         client, task_queue, start_worker, evidence: Path) -> None:
-    """An in-process substrate is graded by the agent step itself (layout 3). SIGKILL right after
-    that grade, before the step's result is recorded: the substrate died with its worker, so the
-    retried step finds it gone and the rollout runs again on a fresh one (attempt 2), graded
-    once per substrate, never twice on one."""
+    """An in-process rollout is one agent step (layout 4): it opens, works, grades and tears down.
+    SIGKILL right after that grade, before the step's result is recorded: the substrate died with
+    its worker, and the agent never checkpointed, so the retried step opens a fresh one and runs
+    the rollout again there: graded once per substrate, never twice on one."""
     faults = {"ROLLOUTS_FAULTS": "after_grade", "ROLLOUTS_FAULTS_DIR": str(evidence)}
     agents = evidence / "agents.log"
     first = start_worker(**faults)
@@ -85,11 +92,37 @@ async def test_worker_killed_after_an_in_process_grade_in_the_agent_step_reruns_
     second = start_worker(**faults)
     job = await asyncio.wait_for(handle.wait(), 90)
     (run,) = job.runs
-    assert (run.status, run.reward, run.attempts) == ("succeeded", 1.0, 2), run.error
-    assert "attempt 1 (agent loop): SubstrateGone" in (run.error or ""), run.error
+    assert (run.status, run.reward, run.attempts, run.error) == ("succeeded", 1.0, 1, None), run.error
     grades = read_lines(evidence / "grades.log")  # "<tag> <env pid> <answer>": the env is in the worker
     assert [line.split()[-2] for line in grades] == [str(first.pid), str(second.pid)], grades
     assert [line.split()[0] for line in read_lines(agents)] == [str(first.pid), str(second.pid)]
+
+
+async def test_worker_killed_after_an_in_process_checkpoint_starts_a_fresh_rollout_attempt(
+        client, task_queue, start_worker, evidence: Path) -> None:
+    """SIGKILL right after the first checkpoint of an in-process rollout (layout 4): the
+    checkpointed session died with the worker, so the retried step reports it gone (it must not
+    resume a checkpoint on a fresh env) and the workflow runs attempt 2 from the start, on a new
+    substrate. Every turn (a side effect, logged) and every grade is counted."""
+    faults = {"ROLLOUTS_FAULTS": "after_checkpoint", "ROLLOUTS_FAULTS_DIR": str(evidence)}
+    turns = evidence / "turns.log"
+    first = start_worker(**faults)
+    handle = await start_job(Taskset("t", [echo("x", evidence)]), CheckpointingAgent(log=str(turns)),
+                             runtime=LocalRuntime(ENV_FILE), temporal=client, worker=False,
+                             task_queue=task_queue)
+    await async_wait_for(lambda: first.proc.poll() is not None, what="worker death")
+    assert first.proc.returncode == -signal.SIGKILL
+    second = start_worker(**faults)
+    job = await asyncio.wait_for(handle.wait(), 90)
+    (run,) = job.runs
+    assert (run.status, run.reward, run.attempts) == ("succeeded", 1.0, 2), run.error
+    assert "is gone with the worker of an earlier attempt" in (run.error or ""), run.error
+    rows = [line.split() for line in read_lines(turns)]
+    assert [(pid, turn) for pid, _, turn in rows] == [
+        (str(first.pid), "1"), (str(second.pid), "1"), (str(second.pid), "2"), (str(second.pid), "3")]
+    assert len({session for _, session, _ in rows[1:]}) == 1 and rows[0][1] != rows[1][1]
+    grades = read_lines(evidence / "grades.log")
+    assert [line.split()[-2] for line in grades] == [str(second.pid)], grades
 
 
 async def test_substrate_killed_mid_agent_reprovisions_and_records_attempts(client, task_queue,
