@@ -42,16 +42,35 @@ def _attempts(log: Path) -> list[list[str]]:
     return [line.split() for line in read_lines(log)]
 
 
+async def _one(client, task_queue, evidence: Path, name: str, **agent: object):
+    """One in-process rollout of ``FailOnceAgent(**agent)``: the job, its run, the attempts log."""
+    log = evidence / "attempts.log"
+    job = await run_taskset(Taskset(name, [_echo(evidence / "grades.log")]),
+                            FailOnceAgent(log=str(log), **agent), runtime=LocalRuntime(ENV_FILE),
+                            temporal=client, worker=True, task_queue=task_queue)
+    (run,) = job.runs
+    return job, run, _attempts(log)
+
+
+def _park_elsewhere(monkeypatch) -> list[str]:
+    """Make every retry land where nothing is parked (as in another process): a parked
+    substrate is released at once instead. Returns the keys that would have been parked."""
+    keys: list[str] = []
+
+    def release(self, key, opened):
+        keys.append(key)
+        asyncio.get_running_loop().create_task(parked.release_quietly(opened))
+
+    monkeypatch.setattr(ParkedSubstrates, "park", release)
+    return keys
+
+
 async def test_a_retried_step_resumes_the_session_it_parked(client, task_queue, evidence) -> None:
     """A retryable model error after a checkpoint: the retry in this process claims the parked
     substrate and resumes the same session from the checkpoint; one grade, nothing left."""
-    log = evidence / "attempts.log"
-    job = await run_taskset(Taskset("park", [_echo(evidence / "grades.log")]),
-                            FailOnceAgent(log=str(log)), runtime=LocalRuntime(ENV_FILE),
-                            temporal=client, worker=True, task_queue=task_queue)
-    (run,) = job.runs
+    job, run, rows = await _one(client, task_queue, evidence, "park")
     assert (run.status, run.reward, run.attempts) == ("succeeded", 1.0, 1), run.error
-    (pid1, session1, restored1), (pid2, session2, restored2) = _attempts(log)
+    (pid1, session1, restored1), (pid2, session2, restored2) = rows
     assert (restored1, restored2) == ("None", "1")  # the retry resumed from the checkpoint
     assert session1 == session2 and pid1 == pid2  # on the session the first attempt parked
     assert len(read_lines(evidence / "grades.log")) == 1
@@ -62,23 +81,13 @@ async def test_a_retry_that_finds_no_parked_substrate_after_a_checkpoint_starts_
         client, task_queue, evidence, monkeypatch) -> None:
     """As if the retry ran in another process: the checkpointed session is not here, so the step
     reports the substrate gone and the workflow opens a fresh one (rollout attempt 2)."""
-    released: list[str] = []
-
-    def park_elsewhere(self, key, opened):  # the retry lands where nothing is parked
-        released.append(key)
-        asyncio.get_running_loop().create_task(parked.release_quietly(opened))
-
-    monkeypatch.setattr(ParkedSubstrates, "park", park_elsewhere)
-    log = evidence / "attempts.log"
-    job = await run_taskset(Taskset("park-gone", [_echo(evidence / "grades.log")]),
-                            FailOnceAgent(log=str(log)), runtime=LocalRuntime(ENV_FILE),
-                            temporal=client, worker=True, task_queue=task_queue)
-    (run,) = job.runs
+    released = _park_elsewhere(monkeypatch)
+    job, run, rows = await _one(client, task_queue, evidence, "park-gone")
     assert (run.status, run.reward, run.attempts) == ("succeeded", 1.0, 2), run.error
     assert "is gone with the worker of an earlier attempt" in (run.error or "")
     assert len(released) == 1
-    # attempt 1 (checkpointed, failed), its retry (checkpoint, no session: gone), attempt 2 fresh
-    rows = _attempts(log)
+    # attempt 1 (checkpointed, failed), its retry (checkpoint, no session: gone before the
+    # agent ran), attempt 2 from the start on a new session
     assert [r[2] for r in rows] == ["None", "None"] and rows[0][1] != rows[1][1]
     assert len(read_lines(evidence / "grades.log")) == 1
     await async_wait_for(lambda: not _served(job), what="released substrates")
@@ -87,17 +96,9 @@ async def test_a_retry_that_finds_no_parked_substrate_after_a_checkpoint_starts_
 async def test_a_retry_before_any_checkpoint_opens_afresh_in_the_same_attempt(
         client, task_queue, evidence, monkeypatch) -> None:
     """Nothing checkpointed: a retry that finds no parked substrate simply opens a new one."""
-    monkeypatch.setattr(ParkedSubstrates, "park",
-                        lambda self, key, opened: asyncio.get_running_loop().create_task(
-                            parked.release_quietly(opened)))
-    log = evidence / "attempts.log"
-    job = await run_taskset(Taskset("park-fresh", [_echo(evidence / "grades.log")]),
-                            FailOnceAgent(log=str(log), checkpoint=False),
-                            runtime=LocalRuntime(ENV_FILE), temporal=client, worker=True,
-                            task_queue=task_queue)
-    (run,) = job.runs
+    _park_elsewhere(monkeypatch)
+    job, run, rows = await _one(client, task_queue, evidence, "park-fresh", checkpoint=False)
     assert (run.status, run.reward, run.attempts) == ("succeeded", 1.0, 1), run.error
-    rows = _attempts(log)
     assert len(rows) == 2 and rows[0][1] != rows[1][1]  # a fresh session for the retry
     await async_wait_for(lambda: not _served(job), what="released substrates")
 
@@ -108,16 +109,11 @@ async def test_a_model_error_that_ends_the_agent_is_graded_as_in_layout_3(
     """A non-retryable model error (recorded in the trace, not retried): graded once, torn down,
     errored in the agent loop with the env's real grade, in the one-step layout as in layout 3."""
     monkeypatch.setattr(taskset_run, "ROLLOUT_LAYOUT", layout)
-    log = evidence / "attempts.log"
-    job = await run_taskset(Taskset("final", [_echo(evidence / "grades.log")]),
-                            FailOnceAgent(log=str(log), retryable=False),
-                            runtime=LocalRuntime(ENV_FILE), temporal=client, worker=True,
-                            task_queue=task_queue)
-    (run,) = job.runs
+    job, run, rows = await _one(client, task_queue, evidence, "final", retryable=False)
     assert (run.status, run.error_phase, run.reward) == ("errored", "agent loop", None), run.error
     assert run.grade is not None and (run.grade.reward, run.grade.is_error) == (0.0, False)
     assert "bad key" in (run.error or "")
-    assert len(_attempts(log)) == 1  # not retried
+    assert len(rows) == 1  # not retried
     assert len(read_lines(evidence / "grades.log")) == 1
     assert not _served(job)
 
