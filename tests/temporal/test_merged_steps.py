@@ -12,6 +12,7 @@ Counted from the real histories of a dev server.
 
 from __future__ import annotations
 
+import asyncio
 import json
 from pathlib import Path
 
@@ -41,10 +42,22 @@ def _served(job) -> set[str]:
     return set(local_provider._BY_KEY) & {run.rollout_id for run in job.runs}
 
 
-async def _shape(client, job_id: str) -> list[list[str]]:
+async def _rollouts(client, job) -> list:
+    """The job's Rollout executions, once visibility lists all of them (it lags a finished job)."""
+    query = f'WorkflowType="Rollout" AND RolloutsJobId="{job.id}"'
+    found: list = []
+    for _ in range(100):
+        found = [wf async for wf in client.list_workflows(query)]
+        if len(found) >= len(job.runs):
+            return found
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"visibility lists {len(found)} of the job's {len(job.runs)} Rollouts")
+
+
+async def _shape(client, job) -> list[list[str]]:
     """Per Rollout: its steps in order (local activities by marker), patch markers, upserts."""
     shapes = []
-    async for wf in client.list_workflows(f'WorkflowType="Rollout" AND RolloutsJobId="{job_id}"'):
+    for wf in await _rollouts(client, job):
         steps = []
         history = await client.get_workflow_handle(wf.id, run_id=wf.run_id).fetch_history()
         for event in history.events:
@@ -70,7 +83,7 @@ async def test_an_in_process_rollout_is_one_agent_step(client, task_queue, evide
                             FixedAgent(answer="a"), runtime=LocalRuntime(ENV_FILE), temporal=client,
                             worker=True, task_queue=task_queue)
     assert [r.reward for r in job.runs] == [1.0, 0.0] and [r.status for r in job.runs] == ["succeeded"] * 2
-    shapes = await _shape(client, job.id)
+    shapes = await _shape(client, job)
     assert shapes == [[ACT_AGENT, "upsert RolloutsReward", "upsert RolloutsStatus"]] * 2, shapes
     assert len(read_lines(grades)) == 2  # one real grade per rollout
     assert not _served(job)  # torn down by the agent steps
@@ -111,7 +124,7 @@ async def test_a_grade_the_agent_step_cannot_get_is_left_to_the_close_step(
                             runtime=LocalRuntime(ENV_FILE), temporal=client, worker=True,
                             task_queue=task_queue)
     assert [(r.status, r.reward) for r in job.runs] == [("succeeded", 1.0)]
-    assert await _shape(client, job.id) == [[ACT_AGENT, ACT_CLOSE,
+    assert await _shape(client, job) == [[ACT_AGENT, ACT_CLOSE,
                                              "upsert RolloutsReward", "upsert RolloutsStatus"]]
     assert len(read_lines(grades)) == 1
     assert not _served(job)
@@ -123,7 +136,7 @@ async def test_a_subprocess_substrate_opens_with_one_step_and_keeps_grade_and_te
                             runtime=SubprocessRuntime(ENV_FILE), temporal=client, worker=True,
                             task_queue=task_queue)
     assert [(r.status, r.reward) for r in job.runs] == [("succeeded", 1.0)]
-    assert await _shape(client, job.id) == [[ACT_OPEN, ACT_AGENT, ACT_GRADE, ACT_TEARDOWN,
+    assert await _shape(client, job) == [[ACT_OPEN, ACT_AGENT, ACT_GRADE, ACT_TEARDOWN,
                                              "upsert RolloutsReward", "upsert RolloutsStatus"]]
 
 
