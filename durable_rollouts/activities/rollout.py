@@ -10,7 +10,6 @@ from the provider's locality and this worker's queues.
 from __future__ import annotations
 
 import asyncio
-import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -60,8 +59,6 @@ __all__ = ["Queues", "RolloutActivities"]
 
 T = TypeVar("T")
 
-log = logging.getLogger(__name__)
-
 # The background beat of long steps: every BEAT_S, the first after BEAT_S, so a step shorter
 # than that sends no heartbeat (each heartbeat is a write of the workflow's state on the server).
 # A step that begins running more than BEAT_S after the server started it beats at once: an
@@ -86,18 +83,17 @@ def _retried(exc: Exception) -> bool:
     return not (isinstance(exc, ModelAPIError) and not exc.retryable)
 
 
-async def _grade_failed(opened: Opened, error: str) -> AgentResult:
-    """An agent failure that ends a one-step rollout, graded and torn down here (best effort);
-    a grade that cannot be had leaves the substrate to the workflow's close step."""
+def _handed_back(result: AgentResult, opened: Opened) -> AgentResult:
+    """``result`` of a one-step rollout, with its substrate when it is not graded (so still up):
+    the workflow's close step then grades it and tears it down."""
+    return result if result.grade is not None else result.model_copy(update={"opened": opened})
+
+
+async def _grade_failed(inp: AgentInput, opened: Opened, error: str) -> AgentResult:
+    """An agent failure that ends a one-step rollout, graded and torn down here (best effort,
+    ``close_after_agent`` on a new connection)."""
     failed = AgentResult(status="error", error=error)
-    try:
-        grade = await steps.close_rollout(GradeInput(endpoint=opened.endpoint, session=opened.session,
-                                                     agent_error=error))
-    except Exception as exc:  # noqa: BLE001 - the close step grades it, with its retries
-        log.warning("grading %s after its agent failed did not work, the close step grades it: %s",
-                    opened.endpoint.key, exc)
-        return failed.model_copy(update={"opened": opened})
-    return failed.model_copy(update={"grade": grade})
+    return _handed_back(await steps.close_after_agent(inp.on(opened), failed), opened)
 
 
 @dataclass(frozen=True)
@@ -250,18 +246,15 @@ class RolloutActivities:
                                 trace_store=self.trace_store, checkpointer=checkpoints.save,
                                 last_attempt=last, agent=agent, client=client),
                 checkpoints.details)
-        except asyncio.CancelledError:
-            await asyncio.shield(release_quietly(opened))
-            raise
-        except (SubstrateGoneError, ConfigError):
+        except (asyncio.CancelledError, SubstrateGoneError, ConfigError):
             await asyncio.shield(release_quietly(opened))
             raise
         except Exception as exc:
             if not last and _retried(exc):
                 PARKED.park(inp.open.key, opened)
                 raise
-            return await _grade_failed(opened, str(exc) or type(exc).__name__)
-        return result if result.grade is not None else result.model_copy(update={"opened": opened})
+            return await _grade_failed(inp, opened, str(exc) or type(exc).__name__)
+        return _handed_back(result, opened)
 
     @activity.defn(name=ACT_GRADE)
     async def grade(self, inp: GradeInput) -> Grade:

@@ -395,8 +395,10 @@ async def close_rollout(inp: GradeInput, *, provider: DurableProvider | None = N
     return result
 
 
-async def close_after_agent(inp: AgentInput, result: AgentResult, client: EnvClient) -> AgentResult:
-    """``close_rollout`` right after the agent, on its channel ``client`` (``AgentInput.close``).
+async def close_after_agent(inp: AgentInput, result: AgentResult,
+                            client: EnvClient | None = None) -> AgentResult:
+    """``close_rollout`` right after the agent, on its channel ``client`` (``AgentInput.close``;
+    None opens one).
 
     Returns ``result`` with its ``grade`` once graded (the substrate is then released). A grade
     that cannot be had here (the channel failed) is logged and left out, and nothing is torn

@@ -18,7 +18,7 @@ from temporal_helpers import ENV_FILE, CountingAgent, FailOnceAgent, async_wait_
 from durable_rollouts.activities import parked
 from durable_rollouts.activities import rollout as rollout_activities
 from durable_rollouts.activities.parked import ParkedSubstrates
-from durable_rollouts.models import Task
+from durable_rollouts.models import AgentInput, Task
 from durable_rollouts.sdk import steps
 from durable_rollouts.sdk.providers import LocalRuntime
 from durable_rollouts.sdk.providers import local as local_provider
@@ -121,8 +121,11 @@ async def test_a_model_error_that_ends_the_agent_is_graded_as_in_layout_3(
 async def test_a_step_failure_that_ends_it_is_graded_and_torn_down_there(evidence) -> None:
     """What the workflow would grade best effort (an infrastructure failure on the last attempt)
     the step grades itself on the substrate only it knows, then releases it."""
-    opened = await steps.open_rollout(_echo(evidence / "grades.log"), "final-key", LocalRuntime(ENV_FILE))
-    result = await rollout_activities._grade_failed(opened, "trace store unavailable")
+    task = _echo(evidence / "grades.log")
+    opened = await steps.open_rollout(task, "final-key", LocalRuntime(ENV_FILE))
+    inp = AgentInput(task=task, agent=FailOnceAgent(log=str(evidence / "unused.log")).spec(),
+                     rollout_id="final-key")
+    result = await rollout_activities._grade_failed(inp, opened, "trace store unavailable")
     assert (result.status, result.error, result.opened) == ("error", "trace store unavailable", None)
     assert result.grade is not None and result.grade.reward == 0.0
     assert len(read_lines(evidence / "grades.log")) == 1
