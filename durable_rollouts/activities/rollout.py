@@ -219,8 +219,8 @@ class RolloutActivities:
             if inp.open is not None:
                 return await self._open_and_run(inp, checkpoints, last)
             result = await self._beating(
-                steps.run_agent(inp, heartbeat=checkpoints.heartbeat, trace_store=self.trace_store,
-                                checkpointer=checkpoints.save, last_attempt=last),
+                steps.run_agent(inp, trace_store=self.trace_store, checkpointer=checkpoints.save,
+                                last_attempt=last),
                 checkpoints.details)
         return result
 
@@ -242,9 +242,9 @@ class RolloutActivities:
                     inp.task, inp.open.key, provider_from_spec(inp.open.provider)), checkpoints.details)
         try:
             result = await self._beating(
-                steps.run_agent(inp.on(opened), heartbeat=checkpoints.heartbeat,
-                                trace_store=self.trace_store, checkpointer=checkpoints.save,
-                                last_attempt=last, agent=agent, client=client),
+                steps.run_agent(inp.on(opened), trace_store=self.trace_store,
+                                checkpointer=checkpoints.save, last_attempt=last, agent=agent,
+                                client=client),
                 checkpoints.details)
         except (asyncio.CancelledError, SubstrateGoneError, ConfigError):
             await asyncio.shield(release_quietly(opened))

@@ -488,7 +488,6 @@ async def _end_session(endpoint: Endpoint, session: Session) -> None:
 
 
 async def _end_in(client: EnvClient) -> None:
-    with contextlib.suppress(ProtocolError):
-        await client.cancel()
+    """End the session: ``bye`` also tears its task down (no ``tasks.cancel`` round trip first)."""
     with contextlib.suppress(ProtocolError):
         await client.bye()

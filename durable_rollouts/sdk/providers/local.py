@@ -79,7 +79,7 @@ class LocalRuntime(DurableProvider):
         if isinstance(source, Environment):
             self.live = source
         elif isinstance(source, (str, Path)):
-            self.path = str(Path(source).resolve()) if Path(source).exists() else str(source)
+            self.path = _resolved(str(source))
         elif callable(source):
             self.factory = source
         elif source is not None:
@@ -203,6 +203,22 @@ class LocalRuntime(DurableProvider):
         if not isinstance(env, Environment):
             raise ConfigError(f"LocalRuntime source gave {type(env).__name__}, not an Environment")
         return env
+
+
+_RESOLVED: dict[str, str] = {}  # env file path -> its resolved path (a worker rebuilds the runtime per step)
+
+
+def _resolved(source: str) -> str:
+    """``source`` resolved when it exists (absolute ones cached: a worker rebuilds the runtime
+    from its spec, which holds the resolved path, for every step)."""
+    known = _RESOLVED.get(source)
+    if known is None:
+        if not Path(source).exists():
+            return source
+        known = str(Path(source).resolve())
+        if os.path.isabs(source):
+            _RESOLVED[source] = known
+    return known
 
 
 async def _share(env: Any, timeout: float) -> _Served:
