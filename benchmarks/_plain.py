@@ -6,6 +6,10 @@ difference to the durable path is what our own workflows, activities and steps a
 ``steps=6`` gives each child our Rollout's shape instead (provision/connect/start as local
 activities, the sleeping activity, grade/teardown as local activities; all no-ops but the sleep),
 which separates what the step count costs inside temporalio from what our step code costs.
+``attrs=True`` does the visibility work that DESIGN.md asks of every Rollout: the child starts
+with the job id, task slug and status ``running`` as search attributes and a static summary, and
+ends with one upsert of its status and reward (so what the server's visibility store costs is
+not counted against our code).
 """
 
 from __future__ import annotations
@@ -16,9 +20,14 @@ from datetime import timedelta
 
 from temporalio import activity, workflow
 from temporalio.client import Client
+from temporalio.common import SearchAttributeKey, SearchAttributePair, TypedSearchAttributes
 from temporalio.worker import UnsandboxedWorkflowRunner, Worker
 
 QUEUE = "plain-bench"
+JOB_ID = SearchAttributeKey.for_keyword("RolloutsJobId")
+TASK_SLUG = SearchAttributeKey.for_keyword("RolloutsTaskSlug")
+STATUS = SearchAttributeKey.for_keyword("RolloutsStatus")
+REWARD = SearchAttributeKey.for_float("RolloutsReward")
 
 
 @dataclass
@@ -27,6 +36,7 @@ class PlainBatch:
     concurrency: int
     seconds: float
     steps: int = 1
+    attrs: bool = False
 
 
 @activity.defn(name="plain_sleep")
@@ -43,7 +53,7 @@ async def plain_noop(step: str) -> str:
 @workflow.defn(name="PlainChild")
 class PlainChild:
     @workflow.run
-    async def run(self, seconds: float, steps: int = 1) -> str:
+    async def run(self, seconds: float, steps: int = 1, attrs: bool = False) -> str:
         local = timedelta(minutes=1)
         if steps > 1:
             for step in ("provision", "connect", "start"):
@@ -54,6 +64,8 @@ class PlainChild:
         if steps > 1:
             for step in ("grade", "teardown"):
                 await workflow.execute_local_activity(plain_noop, step, start_to_close_timeout=local)
+        if attrs:
+            workflow.upsert_search_attributes([STATUS.value_set("succeeded"), REWARD.value_set(1.0)])
         return answer
 
 
@@ -66,8 +78,14 @@ class PlainParent:
         parent = workflow.info().workflow_id
         while index < batch.n or pending:
             while index < batch.n and len(pending) < batch.concurrency:
+                extra = {} if not batch.attrs else {
+                    "static_summary": f"task-{index} #0",
+                    "search_attributes": TypedSearchAttributes([
+                        SearchAttributePair(JOB_ID, parent), SearchAttributePair(TASK_SLUG, f"task-{index}"),
+                        SearchAttributePair(STATUS, "running")])}
                 pending.append(asyncio.ensure_future(workflow.execute_child_workflow(
-                    PlainChild.run, args=[batch.seconds, batch.steps], id=f"{parent}-{index}")))
+                    PlainChild.run, args=[batch.seconds, batch.steps, batch.attrs], id=f"{parent}-{index}",
+                    **extra)))
                 index += 1
             done, rest = await workflow.wait(pending, return_when=asyncio.FIRST_COMPLETED)
             pending = list(rest)
@@ -82,7 +100,7 @@ def plain_worker(client: Client) -> Worker:
 
 
 async def run_plain(client: Client, name: str, n: int, concurrency: int, seconds: float,
-                    steps: int = 1) -> int:
+                    steps: int = 1, attrs: bool = False) -> int:
     """Run one plain batch to the end; returns how many children answered."""
-    return await client.execute_workflow(PlainParent.run, PlainBatch(n, concurrency, seconds, steps),
+    return await client.execute_workflow(PlainParent.run, PlainBatch(n, concurrency, seconds, steps, attrs),
                                          id=f"plain-{name}", task_queue=QUEUE)

@@ -5,7 +5,8 @@
    added p50 latency.
 2. Throughput: ``--n`` rollouts of a ``--sleep`` s sleep agent at ``--concurrency``, through
    ``direct`` (``sdk.direct.run_direct``), ``plain`` (temporalio only: one parent workflow, one
-   child per rollout, one sleeping activity each; ``_plain.py``), ``plain-6steps`` (the same with
+   child per rollout, one sleeping activity each; ``_plain.py``), ``plain-sa`` (the same child
+   with the search attributes, summary and final upsert every Rollout has), ``plain-6steps`` (the same with
    our Rollout's six steps, five of them no-op local activities), ``durable`` (``Taskset.run``),
    ``cli`` (``rollouts run`` as a subprocess on a pseudo-terminal, so its live progress bar really
    renders) and ``cli-json`` (``rollouts run --json``, stderr not a terminal: no bar). The paths
@@ -16,7 +17,7 @@
 4. ``--long``: 30 s agents, 128 rollouts, concurrency 64 (direct, plain, durable; ~4 min a repeat).
 
     python benchmarks/bench_overhead.py [--samples 20] [--n 256] [--sleep 2] [--repeats 3]
-        [--paths direct,plain,plain-6steps,durable,cli,cli-json] [--group-rows] [--long]
+        [--paths direct,plain,plain-sa,plain-6steps,durable,cli,cli-json] [--group-rows] [--long]
         [--storage file|moto|URL]
 
 ``--storage`` picks ROLLOUTS_STORAGE for every path (``moto`` starts a local moto S3 server).
@@ -44,7 +45,7 @@ from _common import LETTERS, letter_tasks, percentile, private_home
 from _plain import plain_worker, run_plain
 from _storage import add_storage_option, use_storage
 
-ALL_PATHS = ("direct", "plain", "plain-6steps", "durable", "cli", "cli-json")
+ALL_PATHS = ("direct", "plain", "plain-sa", "plain-6steps", "durable", "cli", "cli-json")
 CLI_QUEUE = "bench-cli"  # the CLI's own in-process worker; this process's worker never serves it
 
 
@@ -142,14 +143,15 @@ class Bench:
             job = await run_direct(tasks, agent, runtime, group=group, max_concurrent=concurrency)
             return sum(r.reward == 1.0 for r in job.runs)
 
-        async def plain(steps: int = 1) -> int:
+        async def plain(steps: int = 1, attrs: bool = False) -> int:
             return await run_plain(self.client, f"{os.getpid()}-{self.count}", n, concurrency, sleep,  # type: ignore[arg-type]
-                                   steps)
+                                   steps, attrs)
 
         if name in ("cli", "cli-json"):
             return await self.measure(lambda: self.cli(name == "cli", n, sleep, concurrency),
                                       subprocess_cpu=True)
-        runs = {"durable": durable, "direct": direct, "plain": plain, "plain-6steps": lambda: plain(6)}
+        runs = {"durable": durable, "direct": direct, "plain": plain, "plain-6steps": lambda: plain(6),
+                "plain-sa": lambda: plain(attrs=True)}
         return await self.measure(runs[name])
 
     async def cli(self, bar: bool, n: int, sleep: float, concurrency: int) -> int:
@@ -271,6 +273,7 @@ async def main(args: argparse.Namespace) -> None:
             bench, "throughput", paths, args.repeats, args.n, args.sleep, args.concurrency)
         ratio(rows, "durable", "direct", "durable/direct")
         ratio(rows, "durable", "plain", "durable/plain")
+        ratio(rows, "durable", "plain-sa", "durable/plain-sa")
         ratio(rows, "durable", "plain-6steps", "durable/plain-6steps")
         cpu_ratio(rows, args.n)
         ratio(rows, "cli", "cli-json", "cli (progress bar)/cli --json")
