@@ -58,7 +58,7 @@ from durable_rollouts.workflows.types import (
 __all__ = ["JobHandle", "check_policy", "get_job", "job_progress", "run_taskset", "shutdown_embedded", "start_job"]
 
 QUEUE_ENV = "ROLLOUTS_TASK_QUEUE"
-INLINE_ROWS = 200  # above this many rows, the workflow input carries a storage reference instead
+INLINE_ROWS = 1000  # above this many rows, the workflow input carries a storage reference instead
 INLINE_ROWS_BYTES = 256 * 1024  # ... or above this many bytes of rows
 
 
