@@ -54,13 +54,26 @@ def _ts(event: Any) -> float:
     return float(event.event_time.ToDatetime().timestamp())
 
 
-async def _chains(client: Client, parent_id: str) -> tuple[list[Chain], float]:
-    """Every child's chain, and the parent's start-to-close time."""
+@dataclass
+class Parent:
+    """The parent's own work: its workflow tasks and its start-to-close time."""
+
+    batch: float
+    tasks: list[float]  # each workflow task, started -> completed (s)
+
+
+async def _chains(client: Client, parent_id: str) -> tuple[list[Chain], Parent]:
+    """Every child's chain, and the parent's own workflow tasks."""
     history = await client.get_workflow_handle(parent_id).fetch_history()
     by_id: dict[str, Chain] = {}
+    tasks, task_started = [], 0.0
     for ev in history.events:
         kind = ev.event_type
-        if kind == EventType.EVENT_TYPE_START_CHILD_WORKFLOW_EXECUTION_INITIATED:
+        if kind == EventType.EVENT_TYPE_WORKFLOW_TASK_STARTED:
+            task_started = _ts(ev)
+        elif kind == EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED:
+            tasks.append(_ts(ev) - task_started)
+        elif kind == EventType.EVENT_TYPE_START_CHILD_WORKFLOW_EXECUTION_INITIATED:
             wid = ev.start_child_workflow_execution_initiated_event_attributes.workflow_id
             by_id[wid] = Chain(initiated=_ts(ev), started=0.0)
         elif kind == EventType.EVENT_TYPE_CHILD_WORKFLOW_EXECUTION_COMPLETED:
@@ -79,7 +92,7 @@ async def _chains(client: Client, parent_id: str) -> tuple[list[Chain], float]:
                 chain.closed = _ts(ev)
 
     await asyncio.gather(*(child(wid, chain) for wid, chain in by_id.items()))
-    return list(by_id.values()), _ts(history.events[-1]) - _ts(history.events[0])
+    return list(by_id.values()), Parent(_ts(history.events[-1]) - _ts(history.events[0]), tasks)
 
 
 def _links(chains: list[Chain], sleep: float, concurrency: int) -> dict[str, list[float]]:
@@ -113,6 +126,7 @@ async def main(args: argparse.Namespace) -> None:
     paths = [p for p in args.paths.split(",") if p]
     collected: dict[str, dict[str, list[float]]] = {p: {} for p in paths}
     batches: dict[str, list[float]] = {p: [] for p in paths}
+    parent_tasks: dict[str, list[float]] = {p: [] for p in paths}
     async with plain_worker(client):
         await run_plain(client, "warm", 2, 2, 0.0)
         for rep in range(args.repeats):
@@ -127,11 +141,12 @@ async def main(args: argparse.Namespace) -> None:
                     await run_plain(client, f"t{rep}-{path}", args.n, args.concurrency, args.sleep,
                                     attrs=path == "plain-sa")
                     parent = f"plain-t{rep}-{path}"
-                chains, batch = await _chains(client, parent)
-                batches[path].append(batch)
+                chains, own = await _chains(client, parent)
+                batches[path].append(own.batch)
+                parent_tasks[path].extend(own.tasks)
                 for name, values in _links(chains, args.sleep, args.concurrency).items():
                     collected[path].setdefault(name, []).extend(values)
-                print(f"    {path:9s} batch {batch:5.2f} s (wall {time.perf_counter() - t0:5.2f} s)", flush=True)
+                print(f"    {path:9s} batch {own.batch:5.2f} s (wall {time.perf_counter() - t0:5.2f} s)", flush=True)
     await shutdown_embedded()
     print(f"{args.n} rollouts of a {args.sleep:g} s agent at concurrency {args.concurrency}, "
           f"{args.repeats} repeats; p50 / p90 in ms over every rollout:")
@@ -140,6 +155,11 @@ async def main(args: argparse.Namespace) -> None:
         cells = "".join(f"{1000 * statistics.median(collected[p][name]):8.0f} /"
                         f"{1000 * percentile(collected[p][name], 0.9):5.0f}" for p in paths)
         print(f"  {name:36s}{cells}   ({meaning})")
+    cells = "".join(f"{1000 * statistics.median(parent_tasks[p]):8.0f} /{1000 * percentile(parent_tasks[p], 0.9):5.0f}"
+                    for p in paths)
+    print(f"  {'parent workflow task':36s}{cells}   (started -> completed, each)")
+    print(f"  {'parent workflow tasks per rollout':36s}"
+          + "".join(f"{len(parent_tasks[p]) / (args.n * args.repeats):16.2f}" for p in paths))
     print(f"  {'batch s (median)':36s}" + "".join(f"{statistics.median(batches[p]):16.2f}" for p in paths))
 
 

@@ -1,7 +1,8 @@
 """Worker and server CPU per rollout of one durable batch, with parts of the worker switched off.
 
     python benchmarks/bench_worker_cpu.py [--n 256] [--sleep 2] [--concurrency 64] [--repeats 2]
-        [--variants base,inline,no-owner,no-heartbeat,no-board,patch-marker,open-step,close-step]
+        [--variants base,inline,no-owner,no-heartbeat,no-board,patch-marker,open-step,close-step,
+         polls-10,polls-20,polls-10-half]
         [--against REV]
 
 Each run is a fresh ``python`` process (so a variant's switch cannot leak into the next) on one
@@ -23,6 +24,10 @@ shared embedded server (a private ``ROLLOUTS_HOME``), and the variants are inter
 - ``close-step``: children started in layout 2, as bfc21b9's parent did: an in-process substrate
   is graded and torn down by its own local activity after the agent step, not by the agent step
   (one local activity and one marker event more per rollout; benchmark only).
+
+- ``polls-10``, ``polls-20``: 10 or 20 workflow-task polls instead of temporalio's 5 (the
+  non-sticky queue, where every new Rollout's first workflow task waits, gets a fifth of them);
+  ``polls-10-half``: 10 polls, half of them non-sticky.
 
 ``--against REV`` adds ``base@REV``: the same batch from a git worktree of an older commit (its
 own copy of this script and of the package), interleaved with the others.
@@ -47,7 +52,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import LETTERS, letter_tasks, private_home  # noqa: E402
 
 VARIANTS = ("base", "inline", "no-owner", "no-heartbeat", "no-board", "patch-marker", "open-step",
-            "close-step")
+            "close-step", "polls-10", "polls-20", "polls-10-half")
 
 
 def _switch_off(variant: str) -> None:
@@ -59,6 +64,10 @@ def _switch_off(variant: str) -> None:
 
     import durable_rollouts.worker as worker
 
+    if variant.startswith("polls-"):  # more workflow-task polls (and a larger non-sticky share)
+        worker.WORKFLOW_TASK_POLLS = int(variant.split("-")[1])  # type: ignore[misc]
+        if variant.endswith("-half"):
+            worker.NONSTICKY_POLL_RATIO = 0.5  # type: ignore[misc]
     if variant == "no-owner":
         worker.OwnerInterceptor = Interceptor  # type: ignore[misc]
     if variant == "no-board":

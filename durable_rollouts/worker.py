@@ -30,6 +30,7 @@ from temporalio.client import Client
 from temporalio.worker import (
     ExecuteWorkflowInput,
     Interceptor,
+    PollerBehaviorSimpleMaximum,
     Worker,
     WorkflowInboundInterceptor,
     WorkflowInterceptorClassInput,
@@ -58,6 +59,10 @@ GC_EVERY_ENV = "ROLLOUTS_GC_EVERY"
 WORKFLOWS = [TasksetRun, Rollout]
 # Heartbeats reach the server at most this often (activities/rollout.py beats twice as often).
 HEARTBEAT_THROTTLE = timedelta(seconds=2)
+# Workflow-task polls: temporalio's default is 5, of which the non-sticky queue, where every new
+# Rollout's first task waits, gets 5 x 0.2 = 1.
+WORKFLOW_TASK_POLLS = 5
+NONSTICKY_POLL_RATIO = 0.2
 
 
 def host_queue_name(task_queue: str = DEFAULT_TASK_QUEUE) -> str:
@@ -191,6 +196,8 @@ def build_worker(client: Client, *, task_queue: str = DEFAULT_TASK_QUEUE, host_q
         client, task_queue=task_queue, workflows=WORKFLOWS, activities=activities,
         workflow_runner=runner if sandbox else _unsandboxed(),
         max_concurrent_workflow_tasks=max_concurrent_workflow_tasks,
+        workflow_task_poller_behavior=PollerBehaviorSimpleMaximum(maximum=WORKFLOW_TASK_POLLS),
+        nonsticky_to_sticky_poll_ratio=NONSTICKY_POLL_RATIO,
         workflow_task_executor=activation_executor(sandbox),  # opt-in: inline on this loop
         sticky_queue_schedule_to_start_timeout=timedelta(seconds=5),
         **{**common, "interceptors": [*common["interceptors"], _Board()]},
