@@ -93,6 +93,12 @@ class PlainParent:
         return done_count
 
 
+async def plain_client(ours: Client) -> Client:
+    """A client with temporalio's default converter on the server ``ours`` talks to (no pydantic,
+    no codec, no external storage: what a plain temporalio user has)."""
+    return await Client.connect(ours.service_client.config.target_host)
+
+
 def plain_worker(client: Client) -> Worker:
     return Worker(client, task_queue=QUEUE, workflows=[PlainParent, PlainChild],
                   activities=[plain_sleep, plain_noop], workflow_runner=UnsandboxedWorkflowRunner(),

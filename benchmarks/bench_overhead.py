@@ -42,7 +42,7 @@ from pathlib import Path
 
 import psutil
 from _common import LETTERS, letter_tasks, percentile, private_home
-from _plain import plain_worker, run_plain
+from _plain import plain_client, plain_worker, run_plain
 from _storage import add_storage_option, use_storage
 
 ALL_PATHS = ("direct", "plain", "plain-sa", "plain-6steps", "durable", "cli", "cli-json")
@@ -251,7 +251,6 @@ async def main(args: argparse.Namespace) -> None:
     from durable_rollouts.sdk.paths import rollouts_home
     from durable_rollouts.sdk.providers import LocalRuntime
     from durable_rollouts.sdk.taskset import Taskset
-    from temporalio.client import Client
 
     paths = [p for p in args.paths.split(",") if p]
     unknown = set(paths) - set(ALL_PATHS)
@@ -262,7 +261,7 @@ async def main(args: argparse.Namespace) -> None:
     await warm.run(FixedAgent(answer="2"), runtime=runtime)  # server, worker, env import: not measured
     await run_direct(warm, FixedAgent(answer="2"), runtime)
     ours, _ = await _client(None)
-    client = await Client.connect(ours.service_client.config.target_host)
+    client = await plain_client(ours)
     state = json.loads((rollouts_home() / "temporal.json").read_text())
     bench = Bench(rollouts_home(), int(state["pid"]), client)
     async with plain_worker(client):

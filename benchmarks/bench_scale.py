@@ -101,10 +101,9 @@ PLAIN_CHILDREN_PER_PARENT = 2_000
 
 async def _plain_run(ours: object, server: psutil.Process, n: int, concurrency: int) -> tuple[float, str]:
     """The same number of trivial children through plain temporalio, on the same server."""
-    from _plain import plain_worker, run_plain
-    from temporalio.client import Client
+    from _plain import plain_client, plain_worker, run_plain
 
-    client = await Client.connect(ours.service_client.config.target_host)  # type: ignore[attr-defined]
+    client = await plain_client(ours)  # type: ignore[arg-type]
     me = psutil.Process()
     async with plain_worker(client):
         await run_plain(client, "scale-warm", 2, 2, 0.0)

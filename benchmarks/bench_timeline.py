@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from _common import LETTERS, letter_tasks, percentile, private_home
-from _plain import plain_worker, run_plain
+from _plain import plain_client, plain_worker, run_plain
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client
 
@@ -122,7 +122,7 @@ async def main(args: argparse.Namespace) -> None:
     runtime = LocalRuntime(LETTERS)
     await Taskset("warm", letter_tasks(2)).run(FixedAgent(answer="2"), runtime=runtime)
     ours, _ = await _client(None)
-    client = await Client.connect(ours.service_client.config.target_host)
+    client = await plain_client(ours)
     paths = [p for p in args.paths.split(",") if p]
     collected: dict[str, dict[str, list[float]]] = {p: {} for p in paths}
     batches: dict[str, list[float]] = {p: [] for p in paths}
