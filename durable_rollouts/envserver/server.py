@@ -1,6 +1,7 @@
 """The control-channel server: a thin asyncio adapter around :class:`~.dispatch.Dispatcher`.
 
-:class:`EnvServer` binds one TCP port, serves every connection in its own task (a slow or
+:class:`EnvServer` binds one TCP port (a client on the server's own event loop reaches it over
+a socket pair instead, ``streams.open_stream``), serves every connection in its own task (a slow or
 misbehaving client never blocks another) and only pumps bytes through
 :class:`~durable_rollouts.protocol.LineProtocol`; request handling lives in ``dispatch.py``,
 sessions in ``sessions.py``, byte tunnels in ``tunnel.py``. It compares tokens in constant time and
@@ -16,11 +17,13 @@ import asyncio
 import contextlib
 import hmac
 import ipaddress
+import socket
 import sys
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 from ..errors import ConfigError
+from ..streams import StreamPair, register_local, unregister_local
 from ..protocol import (
     DEFAULT_MAX_LINE_BYTES,
     SERVE_PORT_ANNOUNCEMENT,
@@ -90,6 +93,7 @@ class EnvServer(Dispatcher):
         self._server: asyncio.Server | None = None
         self._conn_tasks: set[asyncio.Task[Any]] = set()
         self._refusals: set[asyncio.Task[Any]] = set()
+        self._local_tasks: set[asyncio.Task[Any]] = set()  # socket-pair connections (own loop)
 
     @property
     def url(self) -> str:
@@ -110,12 +114,36 @@ class EnvServer(Dispatcher):
             raise
         self.host = host
         self.port = self._server.sockets[0].getsockname()[1]
+        register_local(host, self.port, self._connect_local)
+
+    async def _connect_local(self) -> StreamPair:
+        """A client stream served like an accepted TCP connection, over a socket pair (a
+        client on this server's own loop: an in-process environment)."""
+        if self._server is None or not self._server.is_serving():
+            raise ConnectionRefusedError(f"{self.url} is not serving")
+        ours, theirs = socket.socketpair()
+        try:
+            reader, writer = await asyncio.open_connection(sock=theirs)
+        except BaseException:
+            ours.close()
+            theirs.close()
+            raise
+        task = asyncio.get_running_loop().create_task(self._on_connection(reader, writer))
+        self._local_tasks.add(task)
+        task.add_done_callback(self._local_tasks.discard)
+        try:
+            return await asyncio.open_connection(sock=ours)
+        except BaseException:
+            ours.close()
+            task.cancel()
+            raise
 
     async def stop(self) -> None:
         """Stop accepting, cancel every connection, tear down every session, stop the env."""
+        unregister_local(self.host, self.port, self._connect_local)
         if self._server is not None:
             self._server.close()
-        tasks = self._conn_tasks | self._refusals
+        tasks = self._conn_tasks | self._refusals | self._local_tasks
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)

@@ -39,7 +39,7 @@ from ..protocol import (
     error_from_frame,
     request_frame,
 )
-from ..streams import pipe
+from ..streams import open_stream, pipe
 
 __all__ = ["EnvClient", "connect", "parse_url"]
 
@@ -65,7 +65,7 @@ class _Stream:
 
     @classmethod
     async def open(cls, host: str, port: int) -> _Stream:
-        reader, writer = await asyncio.open_connection(host, port)
+        reader, writer = await open_stream(host, port)
         return cls(reader, writer)
 
     async def send(self, frame: dict[str, Any]) -> None:

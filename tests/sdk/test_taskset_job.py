@@ -88,6 +88,8 @@ def test_job_reward_errors_and_group_spread() -> None:
 
 
 def test_job_from_results_loads_traces_from_the_store(tmp_path: Path) -> None:
+    import durable_rollouts.temporal.storage  # noqa: F401  # registers the store (as any worker does)
+
     store = TraceStore(tmp_path / "traces")
     ref = store.put(Trace(trace_id="r1", content="3"))
     assert ref.uri.startswith("rollouts-storage:") and ref.size > 0  # through ROLLOUTS_STORAGE
