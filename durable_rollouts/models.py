@@ -15,20 +15,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, computed_field, model_validator
 
 __all__ = [
-    "AgentInput",
-    "AgentResult",
-    "ConnectInput",
-    "GradeInput",
-    "OpenSpec",
-    "Opened",
-    "ProvisionInput",
-    "StartInput",
-    "TeardownInput",
-    "VerifierSession",
-    "VerifyInput",
     "AgentSpec",
-    "Checkpoint",
-    "CheckpointFence",
     "ERROR_STATUSES",
     "RETRYABLE_STATUSES",
     "Endpoint",
@@ -280,21 +267,6 @@ class TraceRef(_Model):
     size: int = 0
 
 
-class AgentResult(_Model):
-    """What the agent step returns: the answer plus a claim check for the full trace."""
-
-    content: str | None = None
-    status: str = "completed"
-    stop_reason: str | None = None
-    error: str | None = None
-    trace_ref: TraceRef | None = None
-    # Set when the step also graded and tore the substrate down (``AgentInput.close``).
-    grade: Grade | None = None
-    # Set when the step opened the substrate (``AgentInput.open``) but could not grade it: it is
-    # still up, and the workflow's close step grades it and tears it down.
-    opened: Opened | None = None
-
-
 RolloutStatus = Literal["succeeded", "errored", "failed", "cancelled", "timeout"]
 RETRYABLE_STATUSES = frozenset({"errored", "timeout"})
 """Statuses a batch re-runs fresh when its ``retries`` allow."""
@@ -337,139 +309,3 @@ class RolloutResult(_Model):
     retries: int = 0
     retry_history: list[RetryAttempt] = Field(default_factory=list)
 
-
-# ---------------------------------------------------------------------------------------------
-# Inputs of the rollout steps (one pydantic model each, so activities can grow fields later)
-
-
-class ProvisionInput(_Model):
-    """Place ``task``'s environment with ``provider``; idempotent per ``key`` (the rollout id)."""
-
-    key: str
-    task: Task
-    provider: ProviderSpec
-
-
-class ConnectInput(_Model):
-    endpoint: Endpoint
-    ready_timeout_s: float | None = None
-
-
-class StartInput(_Model):
-    endpoint: Endpoint
-    session: Session
-    task: Task
-
-
-class Opened(_Model):
-    """What the merged open step (provision -> connect -> start, one activity) returns.
-
-    ``ephemeral``: the substrate lives in the worker process that opened it and dies with it
-    (``LocalRuntime``), so nothing of it can outlive a crash and grade + teardown may run as one step.
-    """
-
-    endpoint: Endpoint
-    session: Session
-    prompt: dict[str, Any]
-    ephemeral: bool = False
-
-
-class CheckpointFence(_Model):
-    """Which agent activity wrote (or asks for) a checkpoint: the workflow's schedule number of
-    the agent step and Temporal's attempt number. A lower fence than the newest seen is a zombie."""
-
-    schedule: int = 0
-    attempt: int = 1
-
-    def key(self) -> tuple[int, int]:
-        return (self.schedule, self.attempt)
-
-
-class Checkpoint(_Model):
-    """A durable snapshot of an agent mid-run (``Run.checkpoint``): its JSON-able ``state`` plus
-    the trace steps recorded so far.
-
-    Sent to the ``Rollout`` workflow as a delta: ``steps`` are the trace steps from index
-    ``first_step`` on (the earlier ones are already durable). ``latest_checkpoint`` answers with
-    every step (``first_step == 0``). ``turn`` / ``last_tool`` are for progress displays.
-    """
-
-    state: Any = None
-    steps: list[Step] = Field(default_factory=list)
-    first_step: int = 0
-    fence: CheckpointFence = Field(default_factory=CheckpointFence)
-    turn: int | None = None
-    last_tool: str | None = None
-
-
-class OpenSpec(_Model):
-    """What an agent step that opens its own substrate needs (``AgentInput.open``, layout 4)."""
-
-    key: str  # the substrate key of this rollout attempt (``ProvisionInput.key``)
-    provider: ProviderSpec
-
-
-class AgentInput(_Model):
-    """The agent step's input: the parked session it works on, or (``open``) what to open it with."""
-
-    # None only with ``open``: the step opens the substrate itself and fills these in.
-    endpoint: Endpoint | None = None
-    session: Session | None = None
-    task: Task
-    prompt: dict[str, Any] = Field(default_factory=dict)
-    agent: AgentSpec
-    rollout_id: str
-    job_id: str = ""
-    group_id: str = ""
-    timeout_s: float | None = None
-    checkpoint: Checkpoint | None = None  # the latest checkpoint, when the step is scheduled anew
-    schedule: int = 0  # which schedule of the agent step this is (checkpoint fencing)
-    # Grade and tear down in this step once the agent is done (a substrate that dies with its
-    # worker, no verifier): saves the close step. A grade that cannot be had is left to it.
-    close: bool = False
-    # Layout 4: open the substrate in this step first (provision -> connect -> start), then work,
-    # grade and tear down as with ``close``: the whole rollout is one activity.
-    open: OpenSpec | None = None
-
-    def on(self, opened: Opened) -> AgentInput:
-        """This input on the substrate ``opened`` (an ``open`` step, once it has opened it)."""
-        return self.model_copy(update={"endpoint": opened.endpoint, "session": opened.session,
-                                       "prompt": opened.prompt, "open": None, "close": True})
-
-
-class GradeInput(_Model):
-    endpoint: Endpoint
-    session: Session
-    answer: str | None = None
-    agent_error: str | None = None
-
-
-class VerifyInput(_Model):
-    """Grade ``task.verifier`` with the actor's result (``actor_raw``), never re-running the agent."""
-
-    task: Task
-    actor_endpoint: Endpoint
-    actor_session: Session
-    actor_raw: dict[str, Any] = Field(default_factory=dict)
-    provider: ProviderSpec
-    key: str
-    # Set by the recorded verify (``VerifierSession`` from ``rollouts.verify_open``): grade there.
-    verifier_endpoint: Endpoint | None = None
-    verifier_session: Session | None = None
-
-
-class VerifierSession(_Model):
-    """The verifier's started session, recorded in history before it grades (``verify_open``).
-
-    ``owned``: the verifier has its own substrate (released at close), else it is a session on
-    the actor's server (only the session is ended).
-    """
-
-    endpoint: Endpoint
-    session: Session
-    owned: bool = True
-
-
-class TeardownInput(_Model):
-    endpoint: Endpoint
-    session: Session | None = None

@@ -18,3 +18,25 @@ async def job_histories(client: Any, job: Any) -> bytes:
         history = await client.get_workflow_handle(wid).fetch_history()
         raw += b"".join(event.SerializeToString() for event in history.events)
     return raw
+
+
+def step_events(history: Any) -> list[tuple[str, str]]:
+    """The steps a workflow history records, in order: ``(activity type, kind)`` per step, where
+    kind is ``local`` (a local activity's marker) or ``activity`` (a scheduled activity)."""
+    import json
+
+    out: list[tuple[str, str]] = []
+    for event in history.events:
+        if event.HasField("marker_recorded_event_attributes"):
+            marker = event.marker_recorded_event_attributes
+            if marker.marker_name == "core_local_activity":
+                data = json.loads(marker.details["data"].payloads[0].data)
+                out.append((data["activity_type"], "local"))
+        elif event.HasField("activity_task_scheduled_event_attributes"):
+            out.append((event.activity_task_scheduled_event_attributes.activity_type.name, "activity"))
+    return out
+
+
+def step_names(history: Any) -> list[str]:
+    """The card's step names a history records, in order (``rollouts.`` prefix dropped)."""
+    return [name.removeprefix("rollouts.") for name, _ in step_events(history)]

@@ -24,7 +24,11 @@ from temporalio.client import WorkflowUpdateFailedError
 from temporalio.service import RPCError
 
 from durable_rollouts.errors import CheckpointError
-from durable_rollouts.models import AgentInput, Checkpoint, CheckpointFence
+from durable_rollouts.step_io import (
+    AgentInput,
+    Checkpoint,
+    CheckpointFence,
+)
 from durable_rollouts.workflows.types import UPD_CHECKPOINT, UPD_LATEST_CHECKPOINT
 
 __all__ = ["AgentCheckpoints"]

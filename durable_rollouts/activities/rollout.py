@@ -1,10 +1,11 @@
-"""Activities of the ``Rollout`` workflow: thin wrappers over ``durable_rollouts.sdk.steps``.
+"""Activities of the ``Rollout`` workflow: thin wrappers over the sdk's rollout steps.
 
 One class built with its dependencies (the worker's queues, the trace store); one pydantic input
 per activity; errors mapped at one edge (``failures.map_errors``). Long steps heartbeat from a
 background beat, so a killed worker is noticed within the heartbeat timeout and the step retries
 elsewhere. ``provision`` decides where the later steps of a rollout run (``Endpoint.task_queue``)
-from the provider's locality and this worker's queues.
+from the provider's locality and this worker's queues. The merged steps of earlier releases'
+Rollouts, still scheduled by runs those releases started, live in ``legacy``.
 """
 
 from __future__ import annotations
@@ -18,34 +19,28 @@ from typing import Any, TypeVar
 from temporalio import activity
 
 from durable_rollouts.activities.checkpoints import AgentCheckpoints
-from durable_rollouts.activities.failures import map_errors, map_step_errors
-from durable_rollouts.activities.parked import PARKED, release_quietly
-from durable_rollouts.errors import ConfigError, ModelAPIError, SubstrateGoneError
-from durable_rollouts.models import (
+from durable_rollouts.activities.failures import map_errors
+from durable_rollouts.activities.legacy import LegacySteps
+from durable_rollouts.models import Endpoint, Grade, Session
+from durable_rollouts.sdk import agent_step, steps, verifier, verify_once
+from durable_rollouts.sdk.providers import provider_from_spec
+from durable_rollouts.sdk.tracestore import TraceStore
+from durable_rollouts.step_io import (
     AgentInput,
     AgentResult,
     ConnectInput,
-    Endpoint,
-    Grade,
     GradeInput,
-    Opened,
     ProvisionInput,
-    Session,
     StartInput,
+    Started,
     TeardownInput,
     VerifierSession,
     VerifyInput,
 )
-from durable_rollouts.sdk import steps, verifier, verify_once
-from durable_rollouts.sdk.agents import load_agent
-from durable_rollouts.sdk.providers import provider_from_spec
-from durable_rollouts.sdk.tracestore import TraceStore
 from durable_rollouts.workflows.types import (
     ACT_AGENT,
-    ACT_CLOSE,
     ACT_CONNECT,
     ACT_GRADE,
-    ACT_OPEN,
     ACT_PROVISION,
     ACT_START,
     ACT_TEARDOWN,
@@ -65,8 +60,7 @@ T = TypeVar("T")
 # eagerly dispatched step counts as started before a busy worker gets to run it, and its
 # heartbeat timeout runs from then. The worker sends at most one heartbeat per 2 s
 # (worker.HEARTBEAT_THROTTLE); beating at half that keeps a loop stall of ~3 s inside the
-# agent's 5 s heartbeat timeout. One source only: the agent step used to beat twice as often
-# (steps' own beat as well), each beat an asyncio task and a payload-converter copy in temporalio.
+# agent's 5 s heartbeat timeout.
 BEAT_S = 1.0
 
 
@@ -76,24 +70,6 @@ def _started_late(info: activity.Info, beat_s: float) -> bool:
     if started.tzinfo is None:
         started = started.replace(tzinfo=timezone.utc)
     return (datetime.now(timezone.utc) - started).total_seconds() > beat_s
-
-
-def _retried(exc: Exception) -> bool:
-    """Whether Temporal retries an agent step that raised ``exc`` (attempts left aside)."""
-    return not (isinstance(exc, ModelAPIError) and not exc.retryable)
-
-
-def _handed_back(result: AgentResult, opened: Opened) -> AgentResult:
-    """``result`` of a one-step rollout, with its substrate when it is not graded (so still up):
-    the workflow's close step then grades it and tears it down."""
-    return result if result.grade is not None else result.model_copy(update={"opened": opened})
-
-
-async def _grade_failed(inp: AgentInput, opened: Opened, error: str) -> AgentResult:
-    """An agent failure that ends a one-step rollout, graded and torn down here (best effort,
-    ``close_after_agent`` on a new connection)."""
-    failed = AgentResult(status="error", error=error)
-    return _handed_back(await steps.close_after_agent(inp.on(opened), failed), opened)
 
 
 @dataclass(frozen=True)
@@ -138,20 +114,22 @@ class RolloutActivities:
         self.queues = queues or Queues()
         self.trace_store = trace_store or TraceStore()
         self.beat_s = beat_s
+        self.legacy = LegacySteps(self)
 
     def all(self) -> list[Any]:
-        return [self.provision, self.connect, self.start, self.agent, self.grade, self.verify,
-                self.teardown, self.verify_open, self.verify_close, self.open, self.grade_teardown]
+        """Every activity: the card's steps, then the merged steps earlier releases scheduled."""
+        return [self.provision, self.connect, self.start, self.agent, self.grade, self.verify_open,
+                self.verify, self.verify_close, self.teardown, *self.legacy.all()]
 
-    def _pin(self, endpoint: Endpoint, provider: Any) -> Endpoint:
+    def pin(self, endpoint: Endpoint, provider: Any) -> Endpoint:
         """Route the later steps of ``endpoint`` to this worker's queue for its provider's locality
         (unless the provider chose a queue itself)."""
         if endpoint.task_queue is None:
             endpoint.task_queue = self.queues.for_locality(getattr(provider, "locality", "global"))
         return endpoint
 
-    async def _beating(self, step: Awaitable[T],
-                       details: Callable[[], tuple[Any, ...]] | None = None) -> T:
+    async def beating(self, step: Awaitable[T],
+                      details: Callable[[], tuple[Any, ...]] | None = None) -> T:
         """Await ``step`` while heartbeating every ``beat_s``.
 
         The beats are loop timers (``call_later`` keeps the activity's context), so the step runs
@@ -177,119 +155,68 @@ class RolloutActivities:
         finally:
             timer.cancel()
 
+    @staticmethod
+    def last_attempt() -> bool:
+        """Whether this is the step's last attempt under its retry policy."""
+        info = activity.info()
+        limit = info.retry_policy.maximum_attempts if info.retry_policy else 0
+        return 0 < limit <= info.attempt
+
     @activity.defn(name=ACT_PROVISION)
     async def provision(self, inp: ProvisionInput) -> Endpoint:
         with map_errors():
-            endpoint = await self._beating(steps.provision(inp))
-        return self._pin(endpoint, provider_from_spec(inp.provider))
-
-    @activity.defn(name=ACT_OPEN)
-    async def open(self, inp: ProvisionInput) -> Opened:
-        """provision -> connect -> start in one step (a fast local substrate)."""
-        provider = provider_from_spec(inp.provider)
-        with map_step_errors():
-            opened = await self._beating(steps.open_rollout(inp.task, inp.key, provider))
-        self._pin(opened.endpoint, provider)
-        return opened
+            endpoint = await self.beating(steps.provision(inp))
+        return self.pin(endpoint, provider_from_spec(inp.provider))
 
     @activity.defn(name=ACT_CONNECT)
     async def connect(self, inp: ConnectInput) -> Session:
         with map_errors():
-            session = await steps.connect(inp)
-        return session
+            return await steps.connect(inp)
 
     @activity.defn(name=ACT_START)
-    async def start(self, inp: StartInput) -> dict[str, Any]:
+    async def start(self, inp: StartInput) -> dict[str, Any] | Started:
         with map_errors():
-            prompt = await steps.start(inp)
-        return prompt
+            return await steps.start(inp)
 
     @activity.defn(name=ACT_AGENT)
     async def agent(self, inp: AgentInput) -> AgentResult:
-        """The agent's run; with ``inp.close`` (a substrate that dies with this worker) also its
-        grade and teardown, over the agent's channel."""
+        """The agent's run on the rollout's session (from its latest checkpoint on a retry)."""
+        if inp.open is not None or inp.close:  # an earlier release's merged agent step
+            return await self.legacy.agent(inp)
         with map_errors():
             checkpoints = AgentCheckpoints(inp)
             # a retried attempt resumes from the last checkpoint; fetching it may wait for the
             # workflow's task to leave a dead worker's sticky queue: keep heartbeating meanwhile
-            inp = await self._beating(checkpoints.restore(inp), checkpoints.details)
-            info = activity.info()
-            limit = info.retry_policy.maximum_attempts if info.retry_policy else 0
-            last = 0 < limit <= info.attempt
-            if inp.open is not None:
-                return await self._open_and_run(inp, checkpoints, last)
-            result = await self._beating(
-                steps.run_agent(inp, trace_store=self.trace_store, checkpointer=checkpoints.save,
-                                last_attempt=last),
+            inp = await self.beating(checkpoints.restore(inp), checkpoints.details)
+            return await self.beating(
+                agent_step.run_agent(inp, trace_store=self.trace_store,
+                                     checkpointer=checkpoints.save, last_attempt=self.last_attempt()),
                 checkpoints.details)
-        return result
-
-    async def _open_and_run(self, inp: AgentInput, checkpoints: AgentCheckpoints,
-                            last: bool) -> AgentResult:
-        """Layout 4: open the substrate (or claim the one an earlier attempt parked), run the
-        agent, grade and tear down. The substrate is this step's own (the workflow does not
-        know it): it is parked for a retry, torn down when the step ends for good, and an agent
-        failure that ends it is graded here, best effort, as the workflow grades one otherwise."""
-        assert inp.open is not None
-        agent = load_agent(inp.agent)  # a ConfigError before anything is opened
-        opened, client = PARKED.claim(inp.open.key), None
-        if opened is None:
-            if inp.checkpoint is not None:  # the session it checkpointed lived in another process
-                raise SubstrateGoneError(f"substrate {inp.open.key} is gone with the worker of an "
-                                         "earlier attempt")
-            with map_step_errors():  # the agent then works on the connection that started it
-                opened, client = await self._beating(steps.open_channel(
-                    inp.task, inp.open.key, provider_from_spec(inp.open.provider)), checkpoints.details)
-        try:
-            result = await self._beating(
-                steps.run_agent(inp.on(opened), trace_store=self.trace_store,
-                                checkpointer=checkpoints.save, last_attempt=last, agent=agent,
-                                client=client),
-                checkpoints.details)
-        except (asyncio.CancelledError, SubstrateGoneError, ConfigError):
-            await asyncio.shield(release_quietly(opened))
-            raise
-        except Exception as exc:
-            if not last and _retried(exc):
-                PARKED.park(inp.open.key, opened)
-                raise
-            return await _grade_failed(inp, opened, str(exc) or type(exc).__name__)
-        return _handed_back(result, opened)
 
     @activity.defn(name=ACT_GRADE)
     async def grade(self, inp: GradeInput) -> Grade:
         with map_errors():
-            grade = await self._beating(steps.grade(inp))
-        return grade
+            return await self.beating(steps.grade(inp))
 
     @activity.defn(name=ACT_VERIFY_OPEN)
     async def verify_open(self, inp: VerifyInput) -> VerifierSession:
         with map_errors():
-            opened = await self._beating(verifier.open_verifier(inp))
+            opened = await self.beating(verifier.open_verifier(inp))
             if opened.owned:
-                self._pin(opened.endpoint, provider_from_spec(inp.provider))
+                self.pin(opened.endpoint, provider_from_spec(inp.provider))
         return opened
 
     @activity.defn(name=ACT_VERIFY)
     async def verify(self, inp: VerifyInput) -> Grade:
         with map_errors():
             if inp.verifier_session is not None:  # the recorded verify: grade in that session
-                grade = await self._beating(verifier.grade_verifier(inp))
-            else:
-                grade = await self._beating(verify_once.verify(inp))
-        return grade
+                return await self.beating(verifier.grade_verifier(inp))
+            return await self.beating(verify_once.verify(inp))  # histories before it
 
     @activity.defn(name=ACT_VERIFY_CLOSE)
     async def verify_close(self, opened: VerifierSession) -> None:
         with map_errors():
             await verifier.close_verifier(opened)
-
-    @activity.defn(name=ACT_CLOSE)
-    async def grade_teardown(self, inp: GradeInput) -> Grade:
-        """grade -> teardown in one step (a substrate that dies with its worker)."""
-        with map_errors():
-            grade = await self._beating(steps.close_rollout(inp))
-        return grade
 
     @activity.defn(name=ACT_TEARDOWN)
     async def teardown(self, inp: TeardownInput) -> None:

@@ -16,17 +16,19 @@ from typing import TYPE_CHECKING
 
 from ..errors import ConfigError, StepFailed
 from ..models import (
-    AgentInput,
     AgentSpec,
     Endpoint,
-    GradeInput,
     Session,
     Step,
     Task,
     Trace,
+)
+from ..step_io import (
+    AgentInput,
+    GradeInput,
     VerifyInput,
 )
-from . import steps, verify_once
+from . import agent_step, merged_steps, steps, verify_once
 from .agents import Agent
 from .job import Job
 from .providers.base import DurableProvider
@@ -121,7 +123,7 @@ class _Batch:
         try:
             async with asyncio.timeout(self.rollout_timeout) as scope:
                 try:
-                    opened = await steps.open_rollout(task, run.rollout_id, self.runtime)
+                    opened = await merged_steps.open_rollout(task, run.rollout_id, self.runtime)
                 except StepFailed as failed:
                     phase = failed.phase
                     raise failed.cause from None
@@ -132,15 +134,15 @@ class _Batch:
                     endpoint=endpoint, session=session, task=task, prompt=run.prompt,
                     agent=_IN_PROCESS, rollout_id=run.rollout_id, job_id=run.job_id,
                     group_id=run.group_id, timeout_s=self.agent.timeout_s)
-                async with steps.agent_channel(agent_input) as client:
-                    run.trace = await steps.execute_agent(self.agent, agent_input, client=client)
-                    result = await steps.astore_result(run.trace, self.store)
+                async with agent_step.agent_channel(agent_input) as client:
+                    run.trace = await agent_step.execute_agent(self.agent, agent_input, client=client)
+                    result = await agent_step.astore_result(run.trace, self.store)
                     run.trace_ref = result.trace_ref
                     phase = "grading"
                     grade_input = GradeInput(endpoint=endpoint, session=session,
                                              answer=run.trace.content, agent_error=result.error)
                     if task.verifier is None:  # the agent's connection grades and ends the session
-                        grade = await steps.close_rollout(grade_input, provider=self.runtime,
+                        grade = await merged_steps.close_rollout(grade_input, provider=self.runtime,
                                                           client=client)
                         endpoint = None  # released by close_rollout
                     else:  # graded on it too; the session stays parked for the verifier

@@ -14,7 +14,15 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigError, InvalidStateError
-from ..models import Checkpoint, Grade, RetryAttempt, RolloutResult, Task, Trace, TraceRef
+from ..models import (
+    Grade,
+    RetryAttempt,
+    RolloutResult,
+    Task,
+    Trace,
+    TraceRef,
+)
+from ..step_io import Checkpoint
 
 if TYPE_CHECKING:
     from .client import EnvClient
@@ -34,6 +42,11 @@ class Run:
         trace: what the agent did; the final answer goes in ``trace.content``.
         status: ``succeeded``, ``errored``, ``failed``, ``cancelled`` or ``timeout``.
         error_phase: where a failure happened (``provisioning``, ``agent loop``, ...).
+        rollout_id: stable across the batch's fresh re-runs (``retries``), so results, exports
+            and the trainer stream key on it.
+        group_index: which member of its group this run is (0 .. group - 1).
+        row_index: the taskset row it ran.
+        attempt: 1 on the first run of this rollout, n + 1 on the batch's n-th fresh re-run.
         retries: fresh re-runs the batch gave it (``retry_history``: the earlier outcomes).
         dropped: its group had an unrecovered error under ``on_error="drop_group"``: it is
             exported with ``dropped: true`` and left out of every statistic.
@@ -54,6 +67,7 @@ class Run:
     row_index: int = 0
     grade: Grade | None = None
     attempts: int = 1
+    attempt: int = 1
     status: str = "running"
     error: str | None = None
     error_phase: str | None = None
@@ -188,7 +202,8 @@ class Run:
             task=task, trace=trace or Trace(trace_id=result.rollout_id), job_id=job_id,
             group_id=result.group_id, rollout_id=result.rollout_id, slug=result.slug,
             group_index=result.group_index, row_index=result.row_index, grade=result.grade,
-            attempts=result.attempts, status=result.status, error=result.error,
+            attempts=result.attempts, attempt=result.retries + 1, status=result.status,
+            error=result.error,
             error_phase=result.error_phase, trace_ref=result.trace_ref, retries=result.retries,
             retry_history=list(result.retry_history),
         )

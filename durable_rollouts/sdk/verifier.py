@@ -14,20 +14,25 @@ from __future__ import annotations
 import contextlib
 
 from ..errors import ConfigError, ProtocolError
-from ..models import Grade, Session, Task, VerifierSession, VerifyInput
-from .providers import DurableProvider, provider_from_spec
-from .steps import (
-    RESUME_TIMEOUT_S,
-    _end_session,
-    _fresh,
-    _grade_failure,
-    _REFUSED_LIMIT,
-    _raise_start_error,
-    _ready_timeout,
-    _resume,
-    _to_grade,
-    teardown_with,
+from ..models import (
+    Grade,
+    Session,
+    Task,
 )
+from ..step_io import VerifierSession, VerifyInput
+from .providers import DurableProvider, provider_from_spec
+from .channel import (
+    REFUSED_LIMIT,
+    RESUME_TIMEOUT_S,
+    end_session,
+    fresh,
+    grade_failure,
+    raise_start_error,
+    ready_timeout,
+    resume,
+    to_grade,
+)
+from .steps import teardown_with
 
 __all__ = ["close_verifier", "grade_verifier", "open_verifier", "shares_actor_server"]
 
@@ -46,18 +51,18 @@ async def open_verifier(inp: VerifyInput, *, provider: DurableProvider | None = 
         raise ConfigError(f"task {inp.task.slug} has no verifier")
     if shares_actor_server(inp.task):
         # the actor's server is up: a refused port means it is gone
-        endpoint, owned, timeout, refused_limit = inp.actor_endpoint, False, RESUME_TIMEOUT_S, _REFUSED_LIMIT
+        endpoint, owned, timeout, refused_limit = inp.actor_endpoint, False, RESUME_TIMEOUT_S, REFUSED_LIMIT
     else:
         provider = provider or provider_from_spec(inp.provider)
         provider.check_config(verifier.runtime_config, what=f"verifier of {inp.task.slug}")
         endpoint = await provider.acquire(verifier, f"{inp.key}-verifier")  # idempotent by key
-        owned, timeout, refused_limit = True, _ready_timeout(endpoint), None
-    client = await _fresh(endpoint, timeout, refused_limit)
+        owned, timeout, refused_limit = True, ready_timeout(endpoint), None
+    client = await fresh(endpoint, timeout, refused_limit)
     try:
         try:
             await client.start_task(verifier.id, dict(verifier.args))
         except ProtocolError as exc:
-            _raise_start_error(exc, verifier)
+            raise_start_error(exc, verifier)
         session = Session(session_id=client.session_id, env_name=client.env.name,
                           env_version=client.env.version, bindings=list(client.bindings))
     finally:
@@ -71,15 +76,15 @@ async def grade_verifier(inp: VerifyInput) -> Grade:
     assert inp.verifier_endpoint is not None and inp.verifier_session is not None
     verifier = inp.task.verifier
     name = verifier.id if verifier is not None else "?"
-    client = await _resume(inp.verifier_endpoint, inp.verifier_session)
+    client = await resume(inp.verifier_endpoint, inp.verifier_session)
     try:
         frame = await client.grade(inp.actor_raw)
     except ProtocolError as exc:
-        return Grade.error(f"verifier {name!r}: {_grade_failure(exc, None)}")
+        return Grade.error(f"verifier {name!r}: {grade_failure(exc, None)}")
     finally:
         with contextlib.suppress(Exception):
             await client.close()
-    return _to_grade(frame)
+    return to_grade(frame)
 
 
 async def close_verifier(opened: VerifierSession, *, provider: DurableProvider | None = None) -> None:
@@ -89,4 +94,4 @@ async def close_verifier(opened: VerifierSession, *, provider: DurableProvider |
                             provider or provider_from_spec(opened.endpoint.provider))
         return
     with contextlib.suppress(Exception):
-        await _end_session(opened.endpoint, opened.session)
+        await end_session(opened.endpoint, opened.session)

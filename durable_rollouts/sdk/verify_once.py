@@ -16,20 +16,21 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError, ProtocolError
-from ..models import Grade, Task, VerifyInput
+from ..models import Grade, Task
+from ..step_io import VerifyInput
 from .client import EnvClient
 from .paths import atomic_write
 from .providers import DurableProvider, provider_from_spec
-from .steps import (
+from .channel import (
+    REFUSED_LIMIT,
     RESUME_TIMEOUT_S,
-    _fresh,
-    _grade_failure,
-    _REFUSED_LIMIT,
-    _raise_start_error,
-    _ready_timeout,
-    _to_grade,
-    _verdict_path,
+    fresh,
+    grade_failure,
+    raise_start_error,
+    ready_timeout,
+    to_grade,
 )
+from .steps import verdict_path
 
 __all__ = ["verify"]
 
@@ -47,14 +48,14 @@ async def verify(inp: VerifyInput, *, provider: DurableProvider | None = None) -
     if verifier is None:
         raise ConfigError(f"task {inp.task.slug} has no verifier")
     if verifier.env == inp.task.env and verifier.runtime_config is None:
-        client = await _fresh(inp.actor_endpoint, RESUME_TIMEOUT_S, refused_limit=_REFUSED_LIMIT)
+        client = await fresh(inp.actor_endpoint, RESUME_TIMEOUT_S, refused_limit=REFUSED_LIMIT)
         return await _grade_verifier(client, verifier, inp.actor_raw)
     provider = provider or provider_from_spec(inp.provider)
     provider.check_config(verifier.runtime_config, what=f"verifier of {inp.task.slug}")
     # A verdict reached by an earlier try of this step (its worker died before the result was
     # recorded) is kept on this host ($ROLLOUTS_HOME/verdicts, dropped at teardown): the verifier
     # grades once, like the actor's env does.
-    verdict = _verdict_path(inp.key)
+    verdict = verdict_path(inp.key)
     cached = _read_verdict(verdict)
     if cached is not None:
         grade, released = cached
@@ -64,7 +65,7 @@ async def verify(inp: VerifyInput, *, provider: DurableProvider | None = None) -
         return grade
     endpoint = await provider.acquire(verifier, f"{inp.key}-verifier")
     try:
-        client = await _fresh(endpoint, _ready_timeout(endpoint))
+        client = await fresh(endpoint, ready_timeout(endpoint))
         grade = await _grade_verifier(client, verifier, inp.actor_raw)
         _write_verdict(verdict, grade, released=False)
     finally:
@@ -92,14 +93,14 @@ async def _grade_verifier(client: EnvClient, verifier: Task, actor_raw: dict[str
         try:
             await client.start_task(verifier.id, dict(verifier.args))
         except ProtocolError as exc:
-            _raise_start_error(exc, verifier)
+            raise_start_error(exc, verifier)
         try:
             frame = await client.grade(actor_raw)
         except ProtocolError as exc:
-            return Grade.error(f"verifier {verifier.id!r}: {_grade_failure(exc, None)}")
+            return Grade.error(f"verifier {verifier.id!r}: {grade_failure(exc, None)}")
         with contextlib.suppress(Exception):
             await client.bye()
-        return _to_grade(frame)
+        return to_grade(frame)
     finally:
         with contextlib.suppress(Exception):
             await client.close()

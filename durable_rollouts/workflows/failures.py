@@ -24,6 +24,7 @@ __all__ = [
     "is_cancelled",
     "is_config_error",
     "is_heartbeat_timeout",
+    "is_queue_lost",
     "is_substrate_gone",
     "is_timeout",
 ]
@@ -46,6 +47,12 @@ def is_substrate_gone(err: BaseException) -> bool:
     if isinstance(cause, ApplicationError) and cause.type == ERR_SUBSTRATE_GONE:
         return True
     # A pinned (host/process) queue that nobody polls: its worker, and likely its substrate, died.
+    return is_queue_lost(err)
+
+
+def is_queue_lost(err: BaseException) -> bool:
+    """True when a step on a substrate's own queue was never picked up: its worker is gone."""
+    cause = cause_of(err)
     return isinstance(cause, TemporalTimeoutError) and cause.type == TimeoutType.SCHEDULE_TO_START
 
 

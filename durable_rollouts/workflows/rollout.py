@@ -1,469 +1,332 @@
 """The ``Rollout`` child workflow: provision -> connect -> start -> agent -> grade -> [verify] -> teardown.
 
-A fast local substrate (``RolloutInput.local_steps``) opens with one merged step, ``open``
-(provision -> connect -> start), and one that dies with its worker closes with one,
-``grade_teardown``; both in the merged-steps layout, which a parent names in the child's input
-(``RolloutInput.layout`` >= 2) and an older run took from the ``rollout-v2-merged-steps`` patch
-(``PATCH_V2``). In layout 3 the agent step of such a substrate grades and tears down itself, and
-``grade_teardown`` runs only when it could not grade. In layout 4 (this release's parents) the
-agent step also opens it when the parent says it is ephemeral and the task has no verifier: the
-rollout is one activity (``AgentInput.open``).
+Every Rollout of this release runs the card's steps, each a separately named activity in its
+history, as the plan (``plan.build_plan``) lists them; the workflow walks that plan. Runs that
+earlier releases started (``RolloutInput.layout`` below ``CARD_LAYOUT``) run their own shape,
+frozen in ``legacy``, chosen once at the start of ``run``.
 
-Deterministic: imports only stdlib, temporalio, pydantic and the pure data models; activities
-are referenced by name (``durable_rollouts.workflows.types``). Ordinary failures never fail the
-workflow: they come back as a ``RolloutResult`` with ``status`` and ``error_phase`` so the parent
-can count them. A ``SubstrateGone`` failure (connection refused, unknown session, a host queue
-nobody polls any more) tears the old substrate down and starts a new rollout attempt, up to
-``max_attempts``; every attempt's error is recorded. Teardown always runs, also on cancel.
+The workflow owns the substrate: provision returns its endpoint, and every later step runs
+where the substrate is reachable (``plan``: locally on this worker, or on the provisioning
+worker's own queue). Ordinary failures never fail the workflow: they come back as a
+``RolloutResult`` with ``status`` and ``error_phase`` so the parent can count them. A gone
+substrate (connection refused, unknown session, a substrate queue nobody polls any more) tears
+down what is left and starts a new rollout attempt, up to ``max_attempts``; every attempt's
+error is recorded. A gone verifier re-places the verifier only. Teardown always runs, also on
+cancel.
 
-Durable agent turns: the agent activity records checkpoints with the ``checkpoint`` update (kept
-in memory, so rebuilt on replay from the update events); a retried attempt fetches the latest one
-with ``latest_checkpoint``, and a fresh schedule of the agent step gets it in its input. Updates
-from a superseded (zombie) attempt are rejected by the validators (``CheckpointFence``).
+Durable agent turns: the agent activity records checkpoints with the ``checkpoint`` update
+(``checkpoints.AgentTurns``); a retried attempt fetches the latest with ``latest_checkpoint``,
+and a fresh schedule of the agent step gets it in its input. Deterministic: imports only stdlib,
+temporalio and the pure models; activities are referenced by name.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
 from temporalio import workflow
-from temporalio.common import RetryPolicy, SearchAttributeKey
 
 with workflow.unsafe.imports_passed_through():
-    from durable_rollouts.models import (
+    from durable_rollouts.models import Endpoint, Grade, RolloutResult, Session
+    from durable_rollouts.step_io import (
         AgentInput,
         AgentResult,
+        Checkpoint,
+        CheckpointFence,
         ConnectInput,
-        Endpoint,
-        Grade,
         GradeInput,
-        Opened,
-        OpenSpec,
         ProvisionInput,
-        RolloutResult,
-        Session,
         StartInput,
+        Started,
         TeardownInput,
         VerifierSession,
         VerifyInput,
     )
-    from durable_rollouts.workflows.checkpoints import CheckpointHandlers
+    from durable_rollouts.workflows import outcome
+    from durable_rollouts.workflows.checkpoints import AgentTurns
     from durable_rollouts.workflows.failures import (
         STEP_FAILURES,
-        failed_phase,
         failure_message,
         is_cancelled,
         is_config_error,
         is_heartbeat_timeout,
+        is_queue_lost,
         is_substrate_gone,
         is_timeout,
     )
+    from durable_rollouts.workflows.legacy import LegacyRollout
+    from durable_rollouts.workflows.outcome import KEY_STATUS, Errored, SubstrateGone
+    from durable_rollouts.workflows.plan import RolloutPlan, StepOptions, build_plan
     from durable_rollouts.workflows.types import (
-        ACT_AGENT,
-        ACT_CLOSE,
-        ACT_CONNECT,
-        ACT_GRADE,
-        ACT_OPEN,
-        ACT_PROVISION,
-        ACT_START,
-        ACT_TEARDOWN,
-        ACT_VERIFY,
-        ACT_VERIFY_CLOSE,
-        ACT_VERIFY_OPEN,
-        NON_RETRYABLE,
+        CARD_LAYOUT,
+        UPD_CHECKPOINT,
+        UPD_LATEST_CHECKPOINT,
         RolloutInput,
     )
 
-__all__ = ["Rollout", "is_substrate_gone"]
+__all__ = ["CardRollout", "Rollout"]
+
+# Fresh schedules of the agent step after every attempt timed out on heartbeats (a lost worker):
+# a hung (e.g. SIGSTOPped) worker's open long polls swallow retries until they expire (~70 s),
+# so all attempts can be spent in ~40 s.
+AGENT_LOST_WORKER_ROUNDS = 3
+# Teardown on a substrate queue that just went unpolled: wait this long, not the full queue
+# timeout (its worker is most likely gone; the orphan sweep reaps what it left).
+LOST_QUEUE_TEARDOWN = timedelta(seconds=5)
 
 
-# Upserted by every Rollout (behind the "rollout-search-attributes" patch): running, then final.
-KEY_STATUS = SearchAttributeKey.for_keyword("RolloutsStatus")
-KEY_REWARD = SearchAttributeKey.for_float("RolloutsReward")
-KEY_ERROR_PHASE = SearchAttributeKey.for_keyword("RolloutsErrorPhase")
+@dataclass
+class _Attempt:
+    """What one rollout attempt (one substrate) has so far."""
+
+    inp: RolloutInput
+    plan: RolloutPlan
+    number: int
+    key: str
+    endpoint: Endpoint | None = None
+    session: Session | None = None
+    prompt: dict[str, Any] = field(default_factory=dict)
+    agent: AgentResult | None = None
+    grade: Grade | None = None
+    queue_lost: bool = False
 
 
-def _retry(attempts: int, max_interval_s: float = 30.0) -> RetryPolicy:
-    return RetryPolicy(
-        initial_interval=timedelta(seconds=1),
-        backoff_coefficient=2.0,
-        maximum_interval=timedelta(seconds=max_interval_s),
-        maximum_attempts=attempts,
-        non_retryable_error_types=NON_RETRYABLE,
-    )
-
-
-# name -> (start_to_close, heartbeat_timeout, retry attempts); agent's start_to_close is per input.
-_OPTIONS: dict[str, tuple[timedelta, timedelta | None, int]] = {
-    ACT_PROVISION: (timedelta(minutes=10), timedelta(seconds=10), 5),
-    ACT_CONNECT: (timedelta(minutes=2), None, 3),
-    ACT_START: (timedelta(minutes=2), None, 5),
-    ACT_AGENT: (timedelta(hours=24), timedelta(seconds=5), 5),
-    ACT_GRADE: (timedelta(minutes=30), timedelta(seconds=10), 5),
-    ACT_VERIFY: (timedelta(minutes=30), timedelta(seconds=10), 5),
-    ACT_TEARDOWN: (timedelta(minutes=2), None, 10),
-    ACT_VERIFY_OPEN: (timedelta(minutes=10), timedelta(seconds=10), 5),
-    ACT_VERIFY_CLOSE: (timedelta(minutes=2), None, 10),
-    ACT_OPEN: (timedelta(minutes=10), timedelta(seconds=10), 5),
-    ACT_CLOSE: (timedelta(minutes=30), timedelta(seconds=10), 5),
-}
-# Short steps that may run as local activities when the substrate is reachable from this worker;
-# provision/teardown too when the substrate is fast and local (``RolloutInput.local_steps``).
-_LOCAL_OK = {ACT_CONNECT, ACT_START, ACT_GRADE}
-_LOCAL_IF_FAST = {ACT_PROVISION, ACT_TEARDOWN, ACT_OPEN, ACT_CLOSE}
-
-# One patch for the merged-steps layout: it implies every earlier patch below, so a run of it
-# asked one patch instead of one per patch. It also turns on the merged steps: a fast local
-# substrate opens with one step (provision -> connect -> start) and, when it dies with its
-# worker, closes with one (grade -> teardown). A run without its marker (started by an older
-# release) asks each earlier patch on its own, exactly as that release did.
-PATCH_V2 = "rollout-v2-merged-steps"
-# A parent of this release names the layout in the child's input (``RolloutInput.layout`` =
-# ``ROLLOUT_LAYOUT``): "merged steps", so a new run asks no patch at all. temporalio writes a
-# marker event and a TemporalChangeVersion search-attribute upsert (a visibility write on the
-# server) for every patch a new run asks; the input is recorded in the start event anyway.
-# Runs whose input has no layout (older parents) ask ``PATCH_V2`` as before.
-_IMPLIED_BY_V2 = frozenset({"rollout-search-attributes", "agent-checkpoint-schedules",
-                            "agent-rerun-on-lost-worker", "verify-session-recorded"})
-# How long a step may wait for a host/process queue before the substrate counts as gone.
-_PINNED_SCHEDULE_TO_START = timedelta(minutes=2)
-
-
-# Fresh schedules of the agent step after every attempt timed out on heartbeats (a lost worker).
-_AGENT_LOST_WORKER_ROUNDS = 3
-
-
-_BEFORE_LAUNCH = {"provisioning", "connecting", "starting task"}
-
-
-def _actor_raw(grade: Grade, agent: AgentResult) -> dict[str, Any]:
-    """What a verifier grades: the actor's grade frame, or a zero-score error frame (as steps.actor_result)."""
-    if agent.error is None and not grade.is_error and grade.raw:
-        return dict(grade.raw)
-    return {"score": 0.0, "answer": agent.content, "content": agent.error or grade.content, "isError": True}
-
-
-class _SubstrateGone(Exception):
-    def __init__(self, phase: str, message: str) -> None:
-        super().__init__(message)
-        self.phase = phase
-
-
-@workflow.defn(name="Rollout")
-class Rollout(CheckpointHandlers):
-    """One rollout of one task with one agent on one substrate."""
-
-    def __init__(self) -> None:
-        self._phase = "pending"
-        self._last_phase = "provisioning"
-        self._attempt = 0
-        self._timeout_s: float | None = None
-        self._local_steps = False
-        self._queue = ""
-        self._v2 = False
-        self._init_checkpoints()
-
-    def _enter(self, phase: str) -> str:
-        self._phase = self._last_phase = phase
-        return phase
-
-    @workflow.query
-    def phase(self) -> dict[str, Any]:
-        return {"phase": self._phase, "attempt": self._attempt}
+class CardRollout(AgentTurns):
+    """The card's steps, walked from the plan; the present shape of every new Rollout."""
 
     def _patched(self, patch_id: str) -> bool:
-        """``workflow.patched``, answered by ``PATCH_V2`` for the patches it implies."""
-        if self._v2 and patch_id in _IMPLIED_BY_V2:
-            return True
-        return workflow.patched(patch_id)
+        return True  # every patch of earlier releases is part of this shape
 
-    @workflow.run
     async def run(self, inp: RolloutInput) -> RolloutResult:
-        # First, before any command: a run of an older release has no marker of it on replay. A
-        # parent of this release says so in the input instead (no marker, no upsert).
-        self._v2 = inp.layout >= 2 or workflow.patched(PATCH_V2)
-        # New command (upserts): only where the parent says the attributes exist, behind a patch.
-        publish = inp.search_attributes and self._patched("rollout-search-attributes")
-        if publish and not inp.status_at_start:
+        plan = build_plan(inp)
+        self._queue = inp.task_queue  # from the input, not workflow.info(): replays run elsewhere
+        if inp.search_attributes and not inp.status_at_start:
             workflow.upsert_search_attributes([KEY_STATUS.value_set("running")])
         try:
-            result = await self._run(inp)
+            result = await self._attempts(inp, plan)
         except asyncio.CancelledError:
-            if publish:
+            if inp.search_attributes:
                 workflow.upsert_search_attributes([KEY_STATUS.value_set("cancelled")])
             raise
-        if publish:
-            updates = [KEY_STATUS.value_set(result.status)]
-            if result.status == "succeeded" and result.reward is not None:
-                updates.append(KEY_REWARD.value_set(result.reward))  # only real rewards
-            if result.error_phase:
-                updates.append(KEY_ERROR_PHASE.value_set(result.error_phase))
-            workflow.upsert_search_attributes(updates)
+        if inp.search_attributes:
+            workflow.upsert_search_attributes(outcome.final_attributes(result))
         return result
 
-    async def _run(self, inp: RolloutInput) -> RolloutResult:
+    async def _attempts(self, inp: RolloutInput, plan: RolloutPlan) -> RolloutResult:
         started = workflow.time()
-        self._timeout_s = inp.rollout_timeout_s
-        self._local_steps = inp.local_steps
-        self._queue = inp.task_queue
         errors: list[str] = []
         last_phase = "provisioning"
-        for attempt in range(1, inp.max_attempts + 1):
-            self._attempt = attempt
+        base_key = workflow.info().workflow_id  # the substrate key: this child's id, per attempt
+        for number in range(1, inp.max_attempts + 1):
+            self._attempt = number
+            attempt = _Attempt(inp, plan, number, base_key if number == 1 else f"{base_key}-a{number}")
             try:
                 # The rollout timeout bounds each attempt (a durable timer); on expiry the running
                 # step is cancelled and teardown still runs.
-                result = await asyncio.wait_for(self._attempt_once(inp, attempt), inp.rollout_timeout_s)
+                result = await asyncio.wait_for(self._walk(attempt), inp.rollout_timeout_s)
             except asyncio.TimeoutError:
-                result = self._result(inp, "timeout", error=f"rollout timed out after {inp.rollout_timeout_s}s",
-                                      error_phase=self._last_phase)
-            except _SubstrateGone as gone:
-                errors.append(f"attempt {attempt} ({gone.phase}): {gone}")
+                result = outcome.result(inp, "timeout", error_phase=self._last_phase,
+                                        error=f"rollout timed out after {inp.rollout_timeout_s}s")
+            except SubstrateGone as gone:
+                errors.append(f"attempt {number} ({gone.phase}): {gone}")
                 last_phase = gone.phase
                 workflow.logger.warning("rollout %s: substrate gone in %s: %s",
                                         inp.rollout_id, gone.phase, gone)
                 continue
-            result.attempts = attempt
+            result.attempts = number
             if errors:
                 prior = "; ".join(errors)
                 result.error = f"{result.error}; earlier: {prior}" if result.error else f"earlier: {prior}"
-            result.started_at = started
-            result.ended_at = workflow.time()
+            result.started_at, result.ended_at = started, workflow.time()
             return result
-        return self._result(inp, "errored", attempts=inp.max_attempts, started=started,
-                            error=f"substrate gone {inp.max_attempts} times: " + "; ".join(errors),
-                            error_phase=last_phase)
+        return outcome.result(inp, "errored", attempts=inp.max_attempts, started=started,
+                              error=f"substrate gone {inp.max_attempts} times: " + "; ".join(errors),
+                              error_phase=last_phase)
 
-    # -- one attempt ---------------------------------------------------------------------------
+    # -- one attempt: the walk ----------------------------------------------------------------
 
-    async def _attempt_once(self, inp: RolloutInput, attempt: int) -> RolloutResult:
-        key = inp.rollout_id if attempt == 1 else f"{inp.rollout_id}-a{attempt}"
-        endpoint: Endpoint | None = None
-        session: Session | None = None
-        merged = self._local_steps and self._v2
-        ephemeral = False
+    async def _walk(self, a: _Attempt) -> RolloutResult:
+        """Run the plan's steps in order on one substrate; teardown runs on every path."""
         try:
-            phase = self._enter("provisioning")
-            provision = ProvisionInput(key=key, task=inp.task, provider=inp.provider)
-            one_step = merged and inp.layout >= 4 and inp.ephemeral and inp.task.verifier is None
-            if one_step:
-                # Layout 4: a substrate that dies with its worker, no verifier: the agent step
-                # opens, works, grades and tears down; the rollout is one activity.
-                phase = self._enter("agent loop")
-                agent = await self._agent(inp, None, None, {}, True,
-                                          OpenSpec(key=key, provider=inp.provider))
-                if agent is not None and agent.opened is not None:  # opened, but not graded
-                    endpoint, session = agent.opened.endpoint, agent.opened.session
-                one_close = True
-            else:
-                if merged:
-                    opened: Opened = await self._step(ACT_OPEN, provision, Opened, None)
-                    endpoint, session, prompt = opened.endpoint, opened.session, opened.prompt
-                    ephemeral = opened.ephemeral
-                else:
-                    endpoint = await self._step(ACT_PROVISION, provision, Endpoint, None)
-                    phase = self._enter("connecting")
-                    session = await self._step(ACT_CONNECT, ConnectInput(endpoint=endpoint), Session,
-                                               endpoint)
-                    phase = self._enter("starting task")
-                    prompt = await self._step(ACT_START, StartInput(endpoint=endpoint, session=session,
-                                                                    task=inp.task), dict, endpoint)
-                phase = self._enter("agent loop")
-                # A substrate that dies with its worker closes in one step (a crash loses it
-                # either way): in layout 3 the agent step itself, else (or when it could not
-                # grade) ACT_CLOSE.
-                one_close = ephemeral and inp.task.verifier is None
-                agent = await self._agent(inp, endpoint, session, prompt, one_close and inp.layout >= 3)
-            if agent is None:  # ConfigError: the agent cannot even be built; nothing to grade
-                raise _Errored(phase, self._agent_config_error)
-            if agent.grade is not None or endpoint is None:
-                endpoint = None  # torn down by the agent step: nothing is left for the finally
-                return self._graded(inp, agent, agent.grade or Grade.error("not graded"))
-            phase = self._enter("grading")
-            grade_input = GradeInput(endpoint=endpoint, session=session, answer=agent.content,
-                                     agent_error=agent.error)
-            if one_close:
-                grade = await self._step(ACT_CLOSE, grade_input, Grade, endpoint)
-                endpoint = None  # torn down by the same step: nothing is left for the finally
-                return self._graded(inp, agent, grade)
-            grade = await self._step(ACT_GRADE, grade_input, Grade, endpoint)
-            if inp.task.verifier is not None:
-                phase = self._enter("verifying")
-                grade = await self._verify(inp, endpoint, session, _actor_raw(grade, agent), attempt)
-            return self._graded(inp, agent, grade)
+            for step in a.plan.steps:
+                self._phase = self._last_phase = step.phase
+                await self._STEPS[step.step](self, step, a)
+            assert a.agent is not None and a.grade is not None
+            return outcome.graded(a.inp, a.agent, a.grade)
         except STEP_FAILURES as err:
             if is_cancelled(err):
                 raise asyncio.CancelledError() from err
-            phase = failed_phase(err, phase)  # which part of a merged step
+            phase = self._last_phase
             if is_substrate_gone(err):
-                raise _SubstrateGone(phase, failure_message(err)) from None
-            status = "failed" if phase in _BEFORE_LAUNCH else "errored"
-            return self._result(inp, status, error=f"[{phase}] {failure_message(err)}", error_phase=phase)
-        except _Errored as err:
-            return self._result(inp, "errored", error=str(err), error_phase=err.phase)
+                a.queue_lost = is_queue_lost(err)
+                raise SubstrateGone(phase, failure_message(err)) from None
+            status = "failed" if phase in outcome.BEFORE_LAUNCH else "errored"
+            return outcome.result(a.inp, status, error=f"[{phase}] {failure_message(err)}",
+                                  error_phase=phase)
+        except Errored as err:
+            return outcome.result(a.inp, "errored", error=str(err), error_phase=err.phase)
         finally:
-            if endpoint is not None:
+            if a.endpoint is not None:
                 self._phase = "teardown"
-                await self._teardown(endpoint, session)
+                await self._teardown(a)
 
-    async def _agent(self, inp: RolloutInput, endpoint: Endpoint | None, session: Session | None,
-                     prompt: dict[str, Any], close: bool,
-                     open_spec: OpenSpec | None = None) -> AgentResult | None:
-        # timeout_s=None: the agent's own timeout applies; the rollout timeout is a workflow timer.
-        agent_input = AgentInput(endpoint=endpoint, session=session, task=inp.task, prompt=prompt,
-                                 agent=inp.agent, rollout_id=inp.rollout_id, job_id=inp.job_id,
-                                 group_id=inp.group_id, close=close, open=open_spec)
+    async def _provision(self, step: StepOptions, a: _Attempt) -> None:
+        inp = ProvisionInput(key=a.key, task=a.inp.task, provider=a.inp.provider)
+        a.endpoint = await self._call(step, inp, Endpoint, None, a.plan)
+
+    async def _connect(self, step: StepOptions, a: _Attempt) -> None:
+        assert a.endpoint is not None
+        a.session = await self._call(step, ConnectInput(endpoint=a.endpoint), Session, a.endpoint, a.plan)
+
+    async def _start(self, step: StepOptions, a: _Attempt) -> None:
+        assert a.endpoint is not None and a.session is not None
+        inp = StartInput(endpoint=a.endpoint, session=a.session, task=a.inp.task, with_session=True)
+        started: Started = await self._call(step, inp, Started, a.endpoint, a.plan)
+        a.session, a.prompt = started.session, started.prompt
+
+    async def _agent(self, step: StepOptions, a: _Attempt) -> None:
+        """The agent step; its failures are graded (best effort), except a gone substrate, a
+        cancellation and an agent that cannot be built."""
+        inp = a.inp
+        agent_input = AgentInput(
+            endpoint=a.endpoint, session=a.session, task=inp.task, prompt=a.prompt, agent=inp.agent,
+            rollout_id=inp.rollout_id, job_id=inp.job_id, group_id=inp.group_id,
+            group_index=inp.group_index, row_index=inp.row_index, retry=inp.retry)
         self._checkpoint = None  # a new substrate (rollout attempt): older checkpoints do not apply
         lost = 0
         while True:
-            # Each schedule fences off the earlier ones and starts from the latest checkpoint. Only
-            # the input changes (same activity, same id): no new command, so no patch is needed.
+            # Each schedule fences off the earlier ones and starts from the latest checkpoint.
             agent_input = agent_input.model_copy(update={
                 "schedule": self._fresh_agent_schedule(), "checkpoint": self._checkpoint})
             try:
-                return await self._step(ACT_AGENT, agent_input, AgentResult, endpoint)
+                a.agent = await self._call(step, agent_input, AgentResult, a.endpoint, a.plan)
+                return
             except STEP_FAILURES as err:
                 if is_substrate_gone(err) or is_cancelled(err):
                     raise
-                if open_spec is not None and failed_phase(err, "agent loop") in _BEFORE_LAUNCH:
-                    raise  # it could not open: a failed start, whatever the cause
-                if is_config_error(err):
-                    self._agent_config_error = failure_message(err)
-                    return None
-                # Every attempt lost its worker (heartbeat timeouts): a hung (e.g. SIGSTOPped)
-                # worker's open long polls swallow retries until they expire (~70 s), so all
-                # attempts can be spent in ~40 s. Schedule the step afresh a few times.
-                if (is_heartbeat_timeout(err) and lost < _AGENT_LOST_WORKER_ROUNDS
-                        and self._patched("agent-rerun-on-lost-worker")):
+                if is_config_error(err):  # the agent cannot even be built: nothing to grade
+                    raise Errored(step.phase, failure_message(err)) from None
+                if is_heartbeat_timeout(err) and lost < AGENT_LOST_WORKER_ROUNDS:
                     lost += 1
                     workflow.logger.warning("rollout %s: agent lost its worker on every attempt; "
                                             "scheduling it again (%d)", inp.rollout_id, lost)
                     continue
-                if open_spec is not None:
-                    # The step itself grades what it can (the substrate is its own); a failure
-                    # that ends it (it could not open, or its worker was lost) is the result.
-                    raise
-                # Any other agent failure is still graded, best effort.
-                status = "timeout" if is_timeout(err) else "error"
-                return AgentResult(status=status, error=failure_message(err))
+                a.agent = AgentResult(status="timeout" if is_timeout(err) else "error",
+                                      error=failure_message(err))
+                return
 
-    async def _verify(self, inp: RolloutInput, endpoint: Endpoint, session: Session,
-                      actor_raw: dict[str, Any], attempt: int) -> Grade:
-        assert inp.task.verifier is not None
-        if self._patched("verify-session-recorded"):
-            return await self._verify_recorded(inp, endpoint, session, actor_raw, attempt)
-        last = ""
-        for v in range(1, inp.max_attempts + 1):
-            # verify_once.verify provisions the verifier under f"{key}-verifier"; a new key per try
-            key = inp.rollout_id + (f"-a{attempt}" if attempt > 1 else "") + (f"-v{v}" if v > 1 else "")
-            vin = VerifyInput(task=inp.task, actor_endpoint=endpoint, actor_session=session,
-                              actor_raw=actor_raw, provider=inp.provider, key=key)
-            try:
-                return await self._step(ACT_VERIFY, vin, Grade, None)
-            except STEP_FAILURES as err:
-                if is_cancelled(err):
-                    raise
-                if not is_substrate_gone(err):
-                    raise _Errored("verifying", failure_message(err)) from None
-                last = failure_message(err)  # only the verifier is re-placed; the agent is not re-run
-        raise _Errored("verifying", f"verifier substrate gone {inp.max_attempts} times: {last}")
+    async def _grade(self, step: StepOptions, a: _Attempt) -> None:
+        assert a.endpoint is not None and a.session is not None and a.agent is not None
+        inp = GradeInput(endpoint=a.endpoint, session=a.session, answer=a.agent.content,
+                         agent_error=a.agent.error)
+        a.grade = await self._call(step, inp, Grade, a.endpoint, a.plan)
 
-    async def _verify_recorded(self, inp: RolloutInput, endpoint: Endpoint, session: Session,
-                               actor_raw: dict[str, Any], attempt: int) -> Grade:
-        # open (session recorded) -> grade in it (a retry gets the same verdict) -> close
+    async def _verify(self, step: StepOptions, a: _Attempt) -> None:
+        """open the verifier (its session recorded) -> grade in it -> close; a gone verifier is
+        placed again (up to ``max_attempts``), the agent never runs again."""
+        assert a.endpoint is not None and a.session is not None
+        assert a.agent is not None and a.grade is not None
+        raw = outcome.actor_raw(a.grade, a.agent)
         last = ""
-        for v in range(1, inp.max_attempts + 1):
-            key = inp.rollout_id + (f"-a{attempt}" if attempt > 1 else "") + (f"-v{v}" if v > 1 else "")
-            vin = VerifyInput(task=inp.task, actor_endpoint=endpoint, actor_session=session,
-                              actor_raw=actor_raw, provider=inp.provider, key=key)
+        for v in range(1, a.inp.max_attempts + 1):
+            vin = VerifyInput(task=a.inp.task, actor_endpoint=a.endpoint, actor_session=a.session,
+                              actor_raw=raw, provider=a.inp.provider,
+                              key=a.key + (f"-v{v}" if v > 1 else ""))
             opened: VerifierSession | None = None
             try:
-                opened = await self._step(ACT_VERIFY_OPEN, vin, VerifierSession, None)
+                # placed from the actor's worker: a verifier on the actor's own server reaches it
+                opened = await self._call(a.plan["verify_open"], vin, VerifierSession, a.endpoint,
+                                          a.plan)
                 vin = vin.model_copy(update={"verifier_endpoint": opened.endpoint,
                                              "verifier_session": opened.session})
-                return await self._step(ACT_VERIFY, vin, Grade, opened.endpoint)
+                a.grade = await self._call(step, vin, Grade, opened.endpoint, a.plan)
+                return
             except STEP_FAILURES as err:
                 if is_cancelled(err):
                     raise
                 if not is_substrate_gone(err):
-                    raise _Errored("verifying", failure_message(err)) from None
-                last = failure_message(err)  # only the verifier is re-placed; the agent is not re-run
+                    raise Errored(step.phase, failure_message(err)) from None
+                last = failure_message(err)  # only the verifier is placed again
             finally:
                 if opened is not None:
                     with contextlib.suppress(*STEP_FAILURES):
-                        await self._step(ACT_VERIFY_CLOSE, opened, None, opened.endpoint)
-        raise _Errored("verifying", f"verifier substrate gone {inp.max_attempts} times: {last}")
+                        await self._call(a.plan["verify_close"], opened, None, opened.endpoint, a.plan)
+        raise Errored(step.phase, f"verifier substrate gone {a.inp.max_attempts} times: {last}")
 
-    async def _teardown(self, endpoint: Endpoint, session: Session | None) -> None:
+    _STEPS: dict[str, Callable[[CardRollout, StepOptions, _Attempt], Awaitable[None]]] = {
+        "provision": _provision, "connect": _connect, "start": _start, "agent": _agent,
+        "grade": _grade, "verify": _verify,
+    }
+
+    async def _teardown(self, a: _Attempt) -> None:
         # Runs also after cancellation: a fresh activity started here is not cancelled.
+        assert a.endpoint is not None
+        step, inp = a.plan.teardown, TeardownInput(endpoint=a.endpoint, session=a.session)
         try:
-            await self._step(ACT_TEARDOWN, TeardownInput(endpoint=endpoint, session=session), None,
-                             endpoint)
+            lost = min(LOST_QUEUE_TEARDOWN, a.plan.queue_timeout) if a.queue_lost else None
+            await self._call(step, inp, None, a.endpoint, a.plan, queue_timeout=lost)
         except STEP_FAILURES as err:
-            workflow.logger.warning("teardown of %s failed: %s", endpoint.key, failure_message(err))
+            workflow.logger.warning("teardown of %s failed: %s", a.endpoint.key, failure_message(err))
         except asyncio.CancelledError:
-            workflow.logger.warning("teardown of %s cancelled", endpoint.key)
+            workflow.logger.warning("teardown of %s cancelled", a.endpoint.key)
 
-    # -- activity plumbing ---------------------------------------------------------------------
-
-    async def _step(self, name: str, arg: Any, result_type: type | None, endpoint: Endpoint | None,
-                    allow_local: bool = True) -> Any:
-        start_to_close, heartbeat, attempts = _OPTIONS[name]
-        if name == ACT_AGENT and self._timeout_s:
-            start_to_close = timedelta(seconds=self._timeout_s + 60)
-        own_queue = self._queue  # from the input, not workflow.info(): replays run elsewhere
+    async def _call(self, step: StepOptions, arg: Any, result_type: type | None,
+                    endpoint: Endpoint | None, plan: RolloutPlan,
+                    queue_timeout: timedelta | None = None) -> Any:
+        """Run ``step``: locally when allowed and the substrate is reachable from this worker,
+        else as an activity on the substrate's queue (or the workflow's, before provision)."""
         queue = endpoint.task_queue if endpoint is not None else None
-        pinned = queue is not None and queue != own_queue
-        local = name in _LOCAL_OK or (self._local_steps and name in _LOCAL_IF_FAST)
-        if allow_local and local and not pinned:
-            # The substrate is reachable from this worker: a local activity saves a round trip,
-            # and a crash is still safe (the workflow task retries elsewhere; grade is idempotent).
+        pinned = queue is not None and queue != self._queue
+        if step.local and not pinned:
             return await workflow.execute_local_activity(
-                name, arg, result_type=result_type, start_to_close_timeout=start_to_close,
-                retry_policy=_retry(attempts), summary=name.split(".")[-1],
-            )
+                step.activity, arg, result_type=result_type, summary=step.step,
+                start_to_close_timeout=step.start_to_close, retry_policy=step.retry)
         return await workflow.execute_activity(
-            name, arg, result_type=result_type, task_queue=queue if pinned else None,
-            start_to_close_timeout=start_to_close, heartbeat_timeout=heartbeat,
-            schedule_to_start_timeout=_PINNED_SCHEDULE_TO_START if pinned else None,
-            retry_policy=_retry(attempts), summary=name.split(".")[-1],
-        )
+            step.activity, arg, result_type=result_type, summary=step.step,
+            task_queue=queue if pinned else None, start_to_close_timeout=step.start_to_close,
+            heartbeat_timeout=step.heartbeat, retry_policy=step.retry,
+            schedule_to_start_timeout=(queue_timeout or plan.queue_timeout) if pinned else None)
 
-    # -- results -------------------------------------------------------------------------------
-
-    def _graded(self, inp: RolloutInput, agent: AgentResult, grade: Grade) -> RolloutResult:
-        # Same classification as the direct executor (sdk/direct.py), plus "timeout".
-        if agent.status == "timeout" or agent.stop_reason == "timeout":
-            status, phase, error = "timeout", "agent loop", agent.error or "agent timed out"
-        elif grade.is_error:
-            status, phase, error = "errored", "grading", grade.content or "grade error"
-        elif agent.status == "error" or agent.error:
-            status, phase, error = "errored", "agent loop", agent.error or "agent failed"
-        else:
-            status, phase, error = "succeeded", None, None
-        result = self._result(inp, status, error=error, error_phase=phase)
-        result.grade = grade
-        result.reward = None if grade.is_error else grade.reward
-        result.trace_ref = agent.trace_ref
-        return result
-
-    def _result(self, inp: RolloutInput, status: str, *, error: str | None = None,
-                error_phase: str | None = None, attempts: int = 1,
-                started: float | None = None) -> RolloutResult:
-        return RolloutResult(
-            rollout_id=inp.rollout_id, slug=inp.task.slug, group_id=inp.group_id,
-            group_index=inp.group_index, row_index=inp.row_index, status=status,  # type: ignore[arg-type]
-            attempts=attempts, error=error, error_phase=error_phase, started_at=started,
-            ended_at=workflow.time() if started is not None else None,
-        )
-
-    _agent_config_error = ""
+    _queue = ""
+    _last_phase = "provisioning"
 
 
-class _Errored(Exception):
-    def __init__(self, phase: str, message: str) -> None:
-        super().__init__(message)
-        self.phase = phase
+@workflow.defn(name="Rollout")
+class Rollout:
+    """One rollout of one task with one agent on one substrate."""
+
+    def __init__(self) -> None:
+        self._shape: CardRollout | LegacyRollout = CardRollout()
+
+    @workflow.run
+    async def run(self, inp: RolloutInput) -> RolloutResult:
+        if inp.layout < CARD_LAYOUT:  # started by an earlier release: its own shape, frozen
+            self._shape = LegacyRollout()
+        return await self._shape.run(inp)
+
+    @workflow.query
+    def phase(self) -> dict[str, Any]:
+        return self._shape.phase()
+
+    @workflow.update(name=UPD_CHECKPOINT)
+    def checkpoint(self, checkpoint: Checkpoint) -> int:
+        """Keep the agent's newest checkpoint (a delta of trace steps); returns the step count."""
+        return self._shape.keep(checkpoint)
+
+    @checkpoint.validator
+    def _check_checkpoint(self, checkpoint: Checkpoint) -> None:
+        self._shape.check(checkpoint)
+
+    @workflow.update(name=UPD_LATEST_CHECKPOINT)
+    def latest_checkpoint(self, fence: CheckpointFence) -> Checkpoint | None:
+        """The newest checkpoint, for a retried agent attempt (which fences off older ones)."""
+        return self._shape.latest(fence)
+
+    @latest_checkpoint.validator
+    def _check_latest(self, fence: CheckpointFence) -> None:
+        self._shape.check_fence(fence)

@@ -26,7 +26,7 @@ with workflow.unsafe.imports_passed_through():
         ACT_STORE_RESULTS,
         ERROR_STATUSES,
         RETRYABLE_STATUSES,
-        ROLLOUT_LAYOUT,
+        CARD_LAYOUT,
         LoadRowsInput,
         Progress,
         ResolveGroupInput,
@@ -306,13 +306,14 @@ class TasksetRun:
                             group_index: int, retry: int) -> RolloutResult:
         gid = group_id(inp.job_id, row_index, inp.batch_index)
         wid = child_id(rid, retry)
-        child = RolloutInput(rollout_id=wid, job_id=inp.job_id, group_id=gid, group_index=group_index,
+        # The child's input names the stable rollout id (its workflow id adds -r<retry>).
+        child = RolloutInput(rollout_id=rid, job_id=inp.job_id, group_id=gid, group_index=group_index,
                              row_index=row_index, task=task, agent=inp.agent, provider=inp.provider,
                              rollout_timeout_s=inp.rollout_timeout_s, max_attempts=inp.max_attempts,
                              local_steps=inp.local_steps, ephemeral=inp.ephemeral,
-                             task_queue=inp.task_queue,
+                             task_queue=inp.task_queue, queue_timeout_s=inp.queue_timeout_s,
                              search_attributes=inp.search_attributes, retry=retry,
-                             status_at_start=inp.search_attributes, layout=ROLLOUT_LAYOUT)
+                             status_at_start=inp.search_attributes, layout=CARD_LAYOUT)
         attrs = None
         if inp.search_attributes:  # the child's status starts as running: one upsert less per child
             attrs = TypedSearchAttributes([SearchAttributePair(KEY_JOB_ID, inp.job_id),

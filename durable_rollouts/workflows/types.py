@@ -37,13 +37,14 @@ __all__ = [
     "ACT_VERIFY_CLOSE",
     "ACT_VERIFY_OPEN",
     "DEFAULT_TASK_QUEUE",
+    "QUEUE_TIMEOUT_S",
     "ERR_CONFIG",
     "ERR_SUBSTRATE_GONE",
     "ERROR_STATUSES",
     "ON_ERROR_POLICIES",
     "OnError",
     "RETRYABLE_STATUSES",
-    "ROLLOUT_LAYOUT",
+    "CARD_LAYOUT",
     "MAX_CONCURRENT",
     "NON_RETRYABLE",
     "LoadRowsInput",
@@ -60,6 +61,8 @@ __all__ = [
 ]
 
 DEFAULT_TASK_QUEUE = "rollouts"
+QUEUE_TIMEOUT_S = 30.0
+"""How long a step waits on a substrate's own queue before its worker counts as gone."""
 MAX_CONCURRENT = 1500
 """The most rollouts one batch keeps in flight (TasksetRun children)."""
 
@@ -178,6 +181,8 @@ class TasksetRunInput(_Model):
     retries: int = Field(default=0, ge=0, le=20)
     on_error: OnError = "keep"
     local_steps: bool = True  # fast local substrate: provision/teardown as local activities too
+    # A substrate's own (host or process) queue unpolled this long: its worker is gone.
+    queue_timeout_s: float = Field(default=QUEUE_TIMEOUT_S, gt=0)
     # The substrate lives in the worker process that opens it and dies with it (``LocalRuntime``):
     # in layout 4 its whole rollout is one agent step.
     ephemeral: bool = False
@@ -206,11 +211,18 @@ class TasksetRunResult(_Model):
     result_refs: list[ResultsRef] = Field(default_factory=list)
 
 
-# The Rollout layout a parent of this release starts its children with (``RolloutInput.layout``).
-ROLLOUT_LAYOUT = 4
+# The shape of the Rollouts a parent of this release starts (``RolloutInput.layout``): the card's
+# steps (``workflows.rollout``). Lower values are earlier releases' shapes (``workflows.legacy``).
+CARD_LAYOUT = 5
 
 
 class RolloutInput(_Model):
+    """One rollout of ``task``: the input of a ``Rollout`` child (recorded in its start event).
+
+    ``rollout_id`` is the rollout's stable id (also in a fresh re-run, whose workflow id ends in
+    ``-r<retry>``); in layouts below ``CARD_LAYOUT`` it was the workflow id.
+    """
+
     rollout_id: str
     job_id: str
     group_id: str
@@ -230,16 +242,15 @@ class RolloutInput(_Model):
     # The parent set RolloutsStatus=running when it started this child: no upsert of it here.
     status_at_start: bool = False
     retry: int = 0  # fresh re-runs before this one (the child id then ends in -r<retry>)
-    # The Rollout layout the parent chose, kept in the child's start event (so replay-safe like a
-    # patch marker, at no cost): 2 = the merged-steps layout of ``PATCH_V2`` without recording
-    # its marker and TemporalChangeVersion upsert; 3 = that, and the agent step of a substrate
-    # that dies with its worker grades and tears down too (``AgentInput.close``); 4 = that, and
-    # such a substrate (``ephemeral``, no verifier) is opened by the agent step as well
-    # (``AgentInput.open``): the rollout is one activity. 0 in every
-    # history recorded before it: such a run asks ``workflow.patched(PATCH_V2)`` as it did. A
+    # How long a step may wait on the substrate's own (host or process) queue before that
+    # worker, and the substrate with it, count as gone (schedule-to-start).
+    queue_timeout_s: float = Field(default=QUEUE_TIMEOUT_S, gt=0)
+    # The history shape the parent chose, kept in the child's start event (replay-safe like a
+    # patch marker, at no cost): ``CARD_LAYOUT`` = the card's steps; 0-4 = earlier releases'
+    # shapes, run by ``workflows.legacy`` (0: histories recorded before the field existed). A
     # worker refuses a layout above the ones it knows (the input does not validate): the task
     # fails until a newer worker takes it.
-    layout: int = Field(default=0, ge=0, le=ROLLOUT_LAYOUT)
+    layout: int = Field(default=0, ge=0, le=CARD_LAYOUT)
 
 
 class ResolveGroupInput(_Model):

@@ -77,7 +77,7 @@ async def test_a_checkpoint_from_a_superseded_attempt_is_rejected(
     from temporalio.client import WorkflowUpdateFailedError
     from temporalio.service import RPCError
 
-    from durable_rollouts.models import Checkpoint, CheckpointFence
+    from durable_rollouts.step_io import Checkpoint, CheckpointFence
 
     log = evidence / "turns.log"
     first = start_worker()

@@ -26,7 +26,7 @@ from test_docker_durable import _job_containers, _wait, client, temporal_address
 
 from durable_rollouts.envserver import load_environment
 from durable_rollouts.errors import UnauthorizedError
-from durable_rollouts.models import ConnectInput
+from durable_rollouts.step_io import ConnectInput
 from durable_rollouts.sdk import steps
 from durable_rollouts.sdk.client import connect
 from durable_rollouts.temporal.batches import start_job

@@ -16,16 +16,18 @@ from durable_rollouts.errors import (
     SubstrateGoneError,
 )
 from durable_rollouts.models import (
-    AgentInput,
     AgentSpec,
+    Session,
+    Task,
+)
+from durable_rollouts.step_io import (
+    AgentInput,
     ConnectInput,
     GradeInput,
-    Session,
     StartInput,
-    Task,
     TeardownInput,
 )
-from durable_rollouts.sdk import steps
+from durable_rollouts.sdk import agent_step, merged_steps, steps
 from durable_rollouts.sdk.providers import LocalRuntime, Runtime
 
 env = Environment(name="steps", version="0.1.0")
@@ -138,8 +140,8 @@ async def test_unimportable_agent_is_a_config_error(tmp_path: Path) -> None:
         inp = AgentInput(endpoint=endpoint, session=session, task=task, prompt=prompt,
                          agent=AgentSpec(path="no_such_module_xyz:Agent"), rollout_id="r")
         with pytest.raises(ConfigError, match="no_such_module_xyz"):
-            await steps.run_agent(inp)
-        result = await steps.run_agent(inp.model_copy(update={"agent": AgentSpec(path="fixed", config={"answer": "ok"})}))
+            await agent_step.run_agent(inp)
+        result = await agent_step.run_agent(inp.model_copy(update={"agent": AgentSpec(path="fixed", config={"answer": "ok"})}))
         assert result.content == "ok" and result.trace_ref is not None
     finally:
         await runtime.release(endpoint)
@@ -183,13 +185,13 @@ async def test_open_rollout_names_the_phase_that_failed_and_releases_the_substra
 
     runtime = _CountingRuntime()
     with pytest.raises(StepFailed) as caught:
-        await steps.open_rollout(Task(env="steps", id="needs_int", args={"n": "x"}), "k1", runtime)
+        await merged_steps.open_rollout(Task(env="steps", id="needs_int", args={"n": "x"}), "k1", runtime)
     assert caught.value.phase == "starting task" and isinstance(caught.value.cause, ConfigError)
     assert runtime.acquired == runtime.released == ["k1"]
 
-    opened = await steps.open_rollout(Task(env="steps", id="needs_int", args={"n": 3}), "k2", runtime)
+    opened = await merged_steps.open_rollout(Task(env="steps", id="needs_int", args={"n": 3}), "k2", runtime)
     assert opened.prompt["prompt"] == "n=3" and opened.ephemeral and opened.session.env_name == "steps"
-    grade = await steps.close_rollout(GradeInput(endpoint=opened.endpoint, session=opened.session,
+    grade = await merged_steps.close_rollout(GradeInput(endpoint=opened.endpoint, session=opened.session,
                                                  answer="3"), provider=runtime)
     assert grade.reward == 1.0 and not grade.is_error
     assert runtime.released == ["k1", "k2"]  # close_rollout graded and released in one step
@@ -198,10 +200,10 @@ async def test_open_rollout_names_the_phase_that_failed_and_releases_the_substra
 async def test_close_rollout_raises_a_failed_grade_and_tears_nothing_down() -> None:
     """A grade that cannot reach its session is raised; teardown is left to the caller."""
     runtime = _CountingRuntime()
-    opened = await steps.open_rollout(Task(env="steps", id="no_score"), "k3", runtime)
+    opened = await merged_steps.open_rollout(Task(env="steps", id="no_score"), "k3", runtime)
     stale = opened.session.model_copy(update={"session_id": "not-a-session"})
     with pytest.raises(SubstrateGoneError, match="not-a-session"):
-        await steps.close_rollout(GradeInput(endpoint=opened.endpoint, session=stale, answer="1"),
+        await merged_steps.close_rollout(GradeInput(endpoint=opened.endpoint, session=stale, answer="1"),
                                   provider=runtime)
     assert runtime.released == []
     await steps.teardown_with(opened.endpoint, opened.session, runtime)

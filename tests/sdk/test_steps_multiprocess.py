@@ -11,7 +11,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from durable_rollouts.models import AgentResult, Endpoint, Grade
+from durable_rollouts.models import Endpoint, Grade
+from durable_rollouts.step_io import AgentResult
 from durable_rollouts.sdk.providers.subprocess import substrate_dir
 from durable_rollouts.sdk.tracestore import TraceStore
 
@@ -21,7 +22,12 @@ LETTERS = REPO / "examples" / "letters" / "env.py"
 PHASE_1 = """
 import asyncio, json, sys
 from pathlib import Path
-from durable_rollouts.models import ConnectInput, ProvisionInput, StartInput, Task
+from durable_rollouts.models import Task
+from durable_rollouts.step_io import (
+    ConnectInput,
+    ProvisionInput,
+    StartInput,
+)
 from durable_rollouts.sdk import steps
 from durable_rollouts.sdk.providers import SubprocessRuntime
 
@@ -44,8 +50,14 @@ asyncio.run(main())
 PHASE_2 = """
 import asyncio, json, sys
 from pathlib import Path
-from durable_rollouts.models import AgentInput, AgentSpec, Endpoint, Session, Task
-from durable_rollouts.sdk import steps
+from durable_rollouts.models import (
+    AgentSpec,
+    Endpoint,
+    Session,
+    Task,
+)
+from durable_rollouts.step_io import AgentInput
+from durable_rollouts.sdk import agent_step, steps
 
 out = Path(sys.argv[1])
 beats = []
@@ -59,7 +71,7 @@ async def main():
         agent=AgentSpec(path="sleep", config={"seconds": 1.2, "answer": "3"}),
         rollout_id="mp-rollout", job_id="mp-job", group_id="mp-group",
     )
-    result = await steps.run_agent(inp, heartbeat=lambda: beats.append(1))
+    result = await agent_step.run_agent(inp, heartbeat=lambda: beats.append(1))
     (out / "agent.json").write_text(result.model_dump_json())
     (out / "beats.txt").write_text(str(len(beats)))
 
@@ -69,7 +81,12 @@ asyncio.run(main())
 PHASE_3 = """
 import asyncio, sys
 from pathlib import Path
-from durable_rollouts.models import AgentResult, Endpoint, GradeInput, Session, TeardownInput
+from durable_rollouts.models import Endpoint, Session
+from durable_rollouts.step_io import (
+    AgentResult,
+    GradeInput,
+    TeardownInput,
+)
 from durable_rollouts.sdk import steps
 
 out = Path(sys.argv[1])

@@ -19,7 +19,8 @@ import pytest
 
 from durable_rollouts.envserver import Environment, serving
 from durable_rollouts.errors import ConfigError, UnauthorizedError
-from durable_rollouts.models import ConnectInput, Endpoint, ProviderSpec
+from durable_rollouts.models import Endpoint, ProviderSpec
+from durable_rollouts.step_io import ConnectInput
 from durable_rollouts.sdk import steps
 from durable_rollouts.sdk.tokens import (
     SECRET_ENV_VAR,

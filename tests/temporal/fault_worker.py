@@ -7,11 +7,10 @@ builds the same worker, plus :class:`faults.FaultInterceptor` (``ROLLOUTS_FAULTS
 
 from __future__ import annotations
 
-from faults import FaultInterceptor, arm_checkpoint_faults, arm_merged_step_faults
+from faults import FaultInterceptor, arm_checkpoint_faults
 
 from durable_rollouts.worker import main
 
 if __name__ == "__main__":
     arm_checkpoint_faults()
-    arm_merged_step_faults()
     main(interceptors=[FaultInterceptor()])

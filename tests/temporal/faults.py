@@ -8,10 +8,8 @@ across all worker processes. The points are placed by :class:`FaultInterceptor`,
 interceptor on the product worker: ``after_provision``, ``after_connect``, ``after_start``,
 ``after_agent``, ``after_grade``, ``after_verify`` (the activity function returned, so the step
 did its work, and its result is not recorded yet), ``before_teardown`` (the substrate is still
-up) and ``after_teardown``. The merged steps of fast local substrates (``rollouts.open``,
-``rollouts.grade_teardown``, and the agent step that grades an in-process substrate itself) get
-the same points between their parts: :func:`arm_merged_step_faults`
-wraps the ``sdk.steps`` helpers they call. Inside the agent step, :func:`arm_checkpoint_faults` wraps
+up) and ``after_teardown``; local activities pass the interceptor too, so every one of the
+card's steps has its points. Inside the agent step, :func:`arm_checkpoint_faults` wraps
 ``AgentCheckpoints.save`` in the worker process: ``after_tool`` (a tool call ran, its result is
 not durable yet) and ``after_checkpoint`` (the checkpoint is durable, nothing after it is). The
 product code knows nothing of this.
@@ -29,20 +27,13 @@ from temporalio.worker import ActivityInboundInterceptor, ExecuteActivityInput, 
 
 from durable_rollouts.workflows import types as wf
 
-__all__ = ["AFTER", "BEFORE", "INNER", "FaultInterceptor", "arm_checkpoint_faults", "arm_merged_step_faults",
-           "maybe_crash"]
+__all__ = ["AFTER", "BEFORE", "FaultInterceptor", "arm_checkpoint_faults", "maybe_crash"]
 
 # activity name -> the point reached once it returned / before it runs
 AFTER = {wf.ACT_PROVISION: "after_provision", wf.ACT_CONNECT: "after_connect",
          wf.ACT_START: "after_start", wf.ACT_AGENT: "after_agent", wf.ACT_GRADE: "after_grade",
-         wf.ACT_VERIFY: "after_verify", wf.ACT_TEARDOWN: "after_teardown",
-         wf.ACT_OPEN: "after_start", wf.ACT_CLOSE: "after_teardown"}
+         wf.ACT_VERIFY: "after_verify", wf.ACT_TEARDOWN: "after_teardown"}
 BEFORE = {wf.ACT_TEARDOWN: "before_teardown"}
-# Inside the merged steps (ACT_OPEN, ACT_CLOSE) the same points sit between their parts:
-# merged step -> (sdk.steps function, point before it runs, point after it returned)
-INNER = {wf.ACT_OPEN: ("_fresh", "after_provision", "after_connect"),
-         wf.ACT_CLOSE: ("_end_in", "after_grade", None),
-         wf.ACT_AGENT: ("_end_in", "after_grade", None)}  # layout 3: it grades an in-process substrate
 
 
 def maybe_crash(point: str) -> None:
@@ -92,25 +83,3 @@ def arm_checkpoint_faults() -> None:
         maybe_crash("after_checkpoint")
 
     checkpoints.AgentCheckpoints.save = faulty_save  # type: ignore[method-assign]
-
-
-def arm_merged_step_faults() -> None:
-    """Place the inner points of the merged steps (``INNER``) around ``sdk.steps`` helpers."""
-    from durable_rollouts.sdk import steps
-
-    for merged, (name, before, after) in INNER.items():
-        original = getattr(steps, name)
-
-        def wrapped(*args: Any, _original: Any = original, _merged: str = merged,
-                    _before: str | None = before, _after: str | None = after, **kwargs: Any) -> Any:
-            async def run() -> Any:
-                inside = activity.in_activity() and activity.info().activity_type == _merged
-                if inside and _before:
-                    maybe_crash(_before)
-                result = await _original(*args, **kwargs)
-                if inside and _after:
-                    maybe_crash(_after)
-                return result
-            return run()
-
-        setattr(steps, name, wrapped)

@@ -36,7 +36,7 @@ async def _step(seconds: float) -> str:
 async def _beats(seconds: float, started_ago_s: float, *, local: bool = False) -> list[float]:
     beats: list[float] = []
     acts = RolloutActivities(beat_s=BEAT_S)
-    assert await _env(started_ago_s, beats, local=local).run(acts._beating, _step(seconds)) == "done"
+    assert await _env(started_ago_s, beats, local=local).run(acts.beating, _step(seconds)) == "done"
     return beats
 
 

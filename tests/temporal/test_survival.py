@@ -75,12 +75,14 @@ async def test_worker_killed_after_grade_regrade_returns_cached_result(client, t
     assert len(read_lines(evidence / "grades.log")) == 1
 
 
-async def test_worker_killed_after_an_in_process_grade_in_the_agent_step_reruns_on_a_fresh_substrate(
-        client, task_queue, start_worker, evidence: Path) -> None:
-    """An in-process rollout is one agent step (layout 4): it opens, works, grades and tears down.
-    SIGKILL right after that grade, before the step's result is recorded: the substrate died with
-    its worker, and the agent never checkpointed, so the retried step opens a fresh one and runs
-    the rollout again there: graded once per substrate, never twice on one."""
+async def test_worker_killed_after_an_in_process_grade_reruns_on_a_fresh_substrate(
+        client, task_queue, start_worker, evidence: Path, monkeypatch) -> None:
+    """An in-process substrate lives in the worker that provisioned it; its later steps run on
+    that worker's own queue. SIGKILL right after the env graded, before the result is recorded:
+    the retried grade finds the queue unpolled (schedule-to-start), the substrate counts as gone,
+    and the rollout runs again on a fresh substrate in the live worker: graded once per
+    substrate, never twice on one, and the result records the lost attempt."""
+    monkeypatch.setenv("ROLLOUTS_QUEUE_TIMEOUT", "3")
     faults = {"ROLLOUTS_FAULTS": "after_grade", "ROLLOUTS_FAULTS_DIR": str(evidence)}
     agents = evidence / "agents.log"
     first = start_worker(**faults)
@@ -92,18 +94,21 @@ async def test_worker_killed_after_an_in_process_grade_in_the_agent_step_reruns_
     second = start_worker(**faults)
     job = await asyncio.wait_for(handle.wait(), 90)
     (run,) = job.runs
-    assert (run.status, run.reward, run.attempts, run.error) == ("succeeded", 1.0, 1, None), run.error
+    assert (run.status, run.reward, run.attempts) == ("succeeded", 1.0, 2), run.error
+    assert "attempt 1 (grading)" in (run.error or ""), run.error
     grades = read_lines(evidence / "grades.log")  # "<tag> <env pid> <answer>": the env is in the worker
     assert [line.split()[-2] for line in grades] == [str(first.pid), str(second.pid)], grades
     assert [line.split()[0] for line in read_lines(agents)] == [str(first.pid), str(second.pid)]
 
 
-async def test_worker_killed_after_an_in_process_checkpoint_starts_a_fresh_rollout_attempt(
-        client, task_queue, start_worker, evidence: Path) -> None:
-    """SIGKILL right after the first checkpoint of an in-process rollout (layout 4): the
-    checkpointed session died with the worker, so the retried step reports it gone (it must not
-    resume a checkpoint on a fresh env) and the workflow runs attempt 2 from the start, on a new
-    substrate. Every turn (a side effect, logged) and every grade is counted."""
+async def test_worker_killed_mid_agent_holding_an_in_process_substrate_reprovisions_elsewhere(
+        client, task_queue, start_worker, evidence: Path, monkeypatch) -> None:
+    """SIGKILL the worker holding an in-process substrate right after the agent's first
+    checkpoint (a turn whose side effect is logged): the agent step's retry waits on the dead
+    worker's queue, which nobody polls, so the substrate counts as gone and attempt 2 runs from
+    the start on a new substrate in the live worker. Every turn and every grade is counted:
+    nothing is lost, nothing graded twice, the lost attempt is recorded."""
+    monkeypatch.setenv("ROLLOUTS_QUEUE_TIMEOUT", "3")
     faults = {"ROLLOUTS_FAULTS": "after_checkpoint", "ROLLOUTS_FAULTS_DIR": str(evidence)}
     turns = evidence / "turns.log"
     first = start_worker(**faults)
@@ -116,7 +121,7 @@ async def test_worker_killed_after_an_in_process_checkpoint_starts_a_fresh_rollo
     job = await asyncio.wait_for(handle.wait(), 90)
     (run,) = job.runs
     assert (run.status, run.reward, run.attempts) == ("succeeded", 1.0, 2), run.error
-    assert "is gone with the worker of an earlier attempt" in (run.error or ""), run.error
+    assert "attempt 1 (agent loop)" in (run.error or ""), run.error
     rows = [line.split() for line in read_lines(turns)]
     assert [(pid, turn) for pid, _, turn in rows] == [
         (str(first.pid), "1"), (str(second.pid), "1"), (str(second.pid), "2"), (str(second.pid), "3")]
