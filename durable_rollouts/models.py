@@ -308,4 +308,5 @@ class RolloutResult(_Model):
     ended_at: float | None = None
     retries: int = 0
     retry_history: list[RetryAttempt] = Field(default_factory=list)
+    policy_version: int | None = None  # the policy version it sampled with (``Job.set_policy``)
 

@@ -145,6 +145,8 @@ class AgentInput(_Model):
     group_index: int = 0
     row_index: int = 0
     retry: int = 0  # the batch's fresh re-runs before this one (``Run.attempt`` = retry + 1)
+    policy_version: int | None = None  # the trainer's policy to sample with (``Job.set_policy``)
+    policy_endpoint: str | None = None
     timeout_s: float | None = None
     checkpoint: Checkpoint | None = None  # the latest checkpoint, when the step is scheduled anew
     schedule: int = 0  # which schedule of the agent step this is (checkpoint fencing)

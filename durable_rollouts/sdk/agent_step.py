@@ -91,6 +91,7 @@ def _run_for(agent_input: AgentInput, client: EnvClient, trace: Trace,
     return Run(task=inp.task, prompt=inp.prompt, bindings=list(client.bindings), client=client,
                trace=trace, job_id=inp.job_id, group_id=inp.group_id, rollout_id=inp.rollout_id,
                group_index=inp.group_index, row_index=inp.row_index, attempt=inp.retry + 1,
+               policy_version=inp.policy_version, policy_endpoint=inp.policy_endpoint,
                _checkpointer=checkpointer)
 
 

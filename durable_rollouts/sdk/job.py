@@ -9,12 +9,14 @@ training loop does. Imports models, run and tracestore only.
 
 from __future__ import annotations
 
+import importlib
 import math
 import time
 import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from ..models import ERROR_STATUSES, AgentSpec, RolloutResult
 from .export_formats import write_lines
@@ -22,6 +24,8 @@ from .run import Run
 from .tracestore import TraceStore
 
 __all__ = ["GroupStats", "Job", "mark_dropped"]
+
+LIVE_JOBS = "durable_rollouts.temporal.live"  # its attach runs Job.attach
 
 
 def mark_dropped(runs: Iterable[Run], on_error: str) -> list[str]:
@@ -82,6 +86,14 @@ class Job:
         """Open a job that several ``Taskset.run(..., job=job)`` calls append to; each batch
         runs every row ``group`` times unless that call passes its own ``group``."""
         return cls(id=id, name=name, group=group)
+
+    @classmethod
+    async def attach(cls, job_id: str, *, temporal: Any = None, **kwargs: Any) -> Any:
+        """The live job ``job_id`` (started with ``Taskset.start``), e.g. after a trainer restart:
+        ``job.stream(consumer=...)`` then delivers every group that consumer has not acknowledged.
+        ``worker=True`` runs an in-process worker for it (the default on the embedded server)."""
+        attach = importlib.import_module(LIVE_JOBS).attach  # the Temporal layer, by module name
+        return await attach(job_id, temporal=temporal, **kwargs)
 
     @staticmethod
     def batch_group(group: int | None, job: Job | None) -> int:

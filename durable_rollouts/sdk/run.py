@@ -47,6 +47,8 @@ class Run:
         group_index: which member of its group this run is (0 .. group - 1).
         row_index: the taskset row it ran.
         attempt: 1 on the first run of this rollout, n + 1 on the batch's n-th fresh re-run.
+        policy_version: the trainer's policy version this run samples with (``Job.set_policy``;
+            None when the job has none); ``policy_endpoint`` where that policy is served.
         retries: fresh re-runs the batch gave it (``retry_history``: the earlier outcomes).
         dropped: its group had an unrecovered error under ``on_error="drop_group"``: it is
             exported with ``dropped: true`` and left out of every statistic.
@@ -68,6 +70,8 @@ class Run:
     grade: Grade | None = None
     attempts: int = 1
     attempt: int = 1
+    policy_version: int | None = None
+    policy_endpoint: str | None = None
     status: str = "running"
     error: str | None = None
     error_phase: str | None = None
@@ -205,7 +209,7 @@ class Run:
             attempts=result.attempts, attempt=result.retries + 1, status=result.status,
             error=result.error,
             error_phase=result.error_phase, trace_ref=result.trace_ref, retries=result.retries,
-            retry_history=list(result.retry_history),
+            retry_history=list(result.retry_history), policy_version=result.policy_version,
         )
 
     def to_result(self) -> RolloutResult:
@@ -217,7 +221,7 @@ class Run:
             group_index=self.group_index, row_index=self.row_index, status=status,  # type: ignore[arg-type]
             reward=self.grade_reward, grade=self.grade, attempts=self.attempts, error=self.error,
             error_phase=self.error_phase, trace_ref=self.trace_ref, retries=self.retries,
-            retry_history=list(self.retry_history),
+            retry_history=list(self.retry_history), policy_version=self.policy_version,
         )
 
     def to_dict(self) -> dict[str, Any]:

@@ -29,6 +29,7 @@ if TYPE_CHECKING:
 __all__ = ["Taskset"]
 
 DURABLE_EXECUTOR = "durable_rollouts.temporal.batches"  # its run_taskset runs Taskset.run
+LIVE_JOBS = "durable_rollouts.temporal.live"  # its start_live runs Taskset.start
 
 
 class Taskset:
@@ -187,6 +188,30 @@ class Taskset:
             job=job, rollout_timeout=rollout_timeout, temporal=temporal, retries=retries,
             on_error=on_error, **kwargs,
         )
+
+
+    async def start(self, agent: Agent, *, runtime: Any, group: int | None = None,
+                    max_concurrent: int = 16, temporal: Any = None, max_in_flight: int | None = None,
+                    max_staleness: int | None = None, on_error: str = "keep", retries: int = 0,
+                    **kwargs: Any) -> Any:
+        """Start every row ``group`` times durably and return a live job at once, for a trainer.
+
+        ``async for batch in job.stream(consumer="trainer", batch_size=B)`` yields finished
+        groups in completion order; ``await batch.ack()`` makes the acknowledgement durable (a
+        restarted consumer of the same name gets every unacknowledged group again, never an
+        acknowledged one). ``await job.set_policy(version, endpoint=...)``: new rollouts sample
+        with it (``run.policy_version``). ``max_in_flight``: at most that many groups running or
+        delivered but unacknowledged. ``max_staleness``: a group sampled more than that many
+        policy versions behind is not delivered (re-sampled: ``on_stale="resample"``, default,
+        or dropped). ``on_error="drop_sample"`` keeps a group without its failed members.
+        More keyword arguments as for :meth:`run` and ``on_stale``, ``linger_s`` (how long the
+        finished batch stays open for consumers that lag), ``policy_version``, ``worker``.
+        """
+        start_live = importlib.import_module(LIVE_JOBS).start_live
+        return await start_live(
+            self, agent, runtime=runtime, group=group, max_concurrent=max_concurrent,
+            temporal=temporal, max_in_flight=max_in_flight, max_staleness=max_staleness,
+            on_error=on_error, retries=retries, **kwargs)
 
 
 def _as_task(row: Any) -> Task:

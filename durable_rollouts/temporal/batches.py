@@ -46,6 +46,7 @@ from durable_rollouts.temporal.jobs import (
     run_from_result,
 )
 from durable_rollouts.workflows import TasksetRun, workflow_id
+from durable_rollouts.workflows.stream import PolicyRef, StreamOptions
 from durable_rollouts.workflows.types import (
     DEFAULT_TASK_QUEUE,
     MAX_CONCURRENT,
@@ -195,7 +196,7 @@ def check_policy(retries: int, on_error: str) -> str:
     """
     policy = on_error.replace("-", "_")
     if policy not in ON_ERROR_POLICIES:
-        raise ConfigError(f"on_error={on_error!r}: use keep, drop_group or fail")
+        raise ConfigError(f"on_error={on_error!r}: use keep, drop_group, drop_sample or fail")
     if isinstance(retries, bool) or not isinstance(retries, int) or not 0 <= retries <= 20:
         raise ConfigError(f"retries={retries!r}: use a whole number from 0 to 20")
     return policy
@@ -206,7 +207,8 @@ async def start_job(taskset: Any, agent: Any, *, runtime: Any, group: int | None
                     name: str | None = None, task_queue: str | None = None, worker: bool | None = None,
                     max_attempts: int = 3, trace_store: TraceStore | None = None,
                     max_history_events: int | None = None, retries: int = 0,
-                    on_error: str = "keep") -> JobHandle:
+                    on_error: str = "keep", stream: StreamOptions | None = None,
+                    policy: PolicyRef | None = None) -> JobHandle:
     """Start one batch (a ``TasksetRun`` workflow) and return its handle without waiting.
 
     Args:
@@ -215,6 +217,8 @@ async def start_job(taskset: Any, agent: Any, *, runtime: Any, group: int | None
             exported with ``dropped: true`` and left out of stats) or ``fail`` (cancel the rest).
         worker: run an in-process worker (default: only with the embedded dev server).
         task_queue: the shared queue (default ``$ROLLOUTS_TASK_QUEUE`` or ``rollouts``).
+        stream: keep finished groups for consumers and pace against them (``Taskset.start``).
+        policy: the policy the first rollouts sample with.
     """
     rows = list(taskset)
     group = Job.batch_group(group, job)
@@ -238,7 +242,7 @@ async def start_job(taskset: Any, agent: Any, *, runtime: Any, group: int | None
                               max_concurrent=max_concurrent, job=job, rollout_timeout=rollout_timeout,
                               name=name, max_attempts=max_attempts, trace_store=trace_store,
                               max_history_events=max_history_events, retries=retries,
-                              on_error=on_error, eager=lease is not None)
+                              on_error=on_error, eager=lease is not None, stream=stream, policy=policy)
     except BaseException:
         if lease is not None:
             await lease.release()
@@ -251,7 +255,8 @@ async def _start(taskset: Any, agent_spec: Any, provider_spec: Any, runtime: Any
                  client: Client, queue: str, *, group: int, max_concurrent: int, job: Job | None,
                  rollout_timeout: float | None, name: str | None, max_attempts: int,
                  trace_store: TraceStore | None, max_history_events: int | None, retries: int = 0,
-                 on_error: str = "keep", eager: bool = False) -> JobHandle:
+                 on_error: str = "keep", eager: bool = False, stream: StreamOptions | None = None,
+                 policy: PolicyRef | None = None) -> JobHandle:
     """Start the ``TasksetRun`` workflow of a validated batch.
 
     ``eager``: this process runs a worker on ``queue`` with this client, so ask the server to
@@ -285,6 +290,7 @@ async def _start(taskset: Any, agent_spec: Any, provider_spec: Any, runtime: Any
         local_steps=getattr(runtime, "locality", "global") in ("process", "host"),
         ephemeral=bool(getattr(runtime, "ephemeral", False)),
         queue_timeout_s=float(os.environ.get("ROLLOUTS_QUEUE_TIMEOUT") or QUEUE_TIMEOUT_S),
+        stream=stream, policy=policy,
         **({"max_history_events": max_history_events, "flush_results_over": 0}
            if max_history_events else {}),
     )

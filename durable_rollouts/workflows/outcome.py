@@ -70,6 +70,7 @@ def result(inp: RolloutInput, status: str, *, error: str | None = None,
         group_index=inp.group_index, row_index=inp.row_index, status=status,  # type: ignore[arg-type]
         attempts=attempts, error=error, error_phase=error_phase, started_at=started,
         ended_at=workflow.time() if started is not None else None,
+        policy_version=inp.policy.version if inp.policy is not None else None,
     )
 
 

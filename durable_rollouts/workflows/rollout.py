@@ -196,7 +196,9 @@ class CardRollout(AgentTurns):
         agent_input = AgentInput(
             endpoint=a.endpoint, session=a.session, task=inp.task, prompt=a.prompt, agent=inp.agent,
             rollout_id=inp.rollout_id, job_id=inp.job_id, group_id=inp.group_id,
-            group_index=inp.group_index, row_index=inp.row_index, retry=inp.retry)
+            group_index=inp.group_index, row_index=inp.row_index, retry=inp.retry,
+            policy_version=inp.policy.version if inp.policy else None,
+            policy_endpoint=inp.policy.endpoint if inp.policy else None)
         self._checkpoint = None  # a new substrate (rollout attempt): older checkpoints do not apply
         lost = 0
         while True:

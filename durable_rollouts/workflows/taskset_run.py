@@ -5,12 +5,18 @@ are referenced by name. Expands rows x group task-major, resolves each group onc
 workflow state, so replays and continue-as-new reuse it), keeps at most ``max_concurrent``
 children pending, counts compact results, answers the ``progress`` query, shows live details in
 the Web UI, and continues-as-new (after draining its children) before its history grows large.
+
+A streamed batch (``Taskset.start``: ``TasksetRunInput.stream``) also keeps its finished groups
+for consumers (``stream``, handlers in ``stream_handlers``): it starts a new group only while
+fewer than ``max_in_flight`` groups run or wait unacknowledged, re-samples a stale group, and
+stays open after its last rollout until its consumers caught up (or ``linger_s`` passed).
 """
 
 from __future__ import annotations
 
 import asyncio
 from datetime import timedelta
+from typing import Any
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy, SearchAttributeKey, SearchAttributePair, TypedSearchAttributes
@@ -19,7 +25,10 @@ from temporalio.workflow import ParentClosePolicy
 
 with workflow.unsafe.imports_passed_through():
     from durable_rollouts.models import RetryAttempt, RolloutResult, Task
+    from durable_rollouts.workflows.ids import child_id, group_id, rollout_id, workflow_id
     from durable_rollouts.workflows.rollout import Rollout
+    from durable_rollouts.workflows.stream import StreamState
+    from durable_rollouts.workflows.stream_handlers import StreamHandlers
     from durable_rollouts.workflows.types import (
         ACT_LOAD_ROWS,
         ACT_RESOLVE,
@@ -47,37 +56,19 @@ KEY_TASK_SLUG = SearchAttributeKey.for_keyword("RolloutsTaskSlug")
 KEY_STATUS = SearchAttributeKey.for_keyword("RolloutsStatus")
 
 
-def _suffix(batch_index: int) -> str:
-    return f"-b{batch_index}" if batch_index else ""
-
-
-def workflow_id(job_id: str, batch_index: int = 0) -> str:
-    """Workflow id of a job's batch: ``job-<job_id>`` (``-b<n>`` for later batches)."""
-    return f"job-{job_id}{_suffix(batch_index)}"
-
-
-def rollout_id(job_id: str, slug: str, group_index: int, batch_index: int = 0) -> str:
-    """Stable rollout id (also the Rollout child's workflow id and the substrate key)."""
-    return f"job-{job_id}-{slug}-{group_index}{_suffix(batch_index)}"
-
-
-def child_id(rollout_id: str, retry: int = 0) -> str:
-    """Workflow id of a rollout's Rollout child: the rollout id, ``-r<n>`` for the n-th fresh re-run."""
-    return rollout_id if retry == 0 else f"{rollout_id}-r{retry}"
-
-
-def group_id(job_id: str, row_index: int, batch_index: int = 0) -> str:
-    return f"{job_id}-g{row_index}{_suffix(batch_index)}"
+# A streamed run continues-as-new before it accepts this many updates (Temporal allows 2,000).
+MAX_UPDATES_PER_RUN = 1000
 
 
 @workflow.defn(name="TasksetRun")
-class TasksetRun:
+class TasksetRun(StreamHandlers):
     """Run every row ``group`` times; return compact results (or claim checks for them)."""
 
     def __init__(self) -> None:
         self._progress: Progress | None = None
         self._window: dict[int, Task] = {}
         self._failed_on: str | None = None  # on_error="fail": set by the first unrecovered error
+        self._touched = False  # a consumer acted (the linger timer starts again)
 
     @workflow.query
     def progress(self) -> Progress:
@@ -85,12 +76,17 @@ class TasksetRun:
 
     @workflow.run
     async def run(self, inp: TasksetRunInput) -> TasksetRunResult:
-        total = len(inp.only) if inp.only is not None else self._row_count(inp) * inp.group
+        total = self._total(inp)
         progress = inp.progress or Progress(job_id=inp.job_id, batch_index=inp.batch_index, total=total)
         if inp.progress is not None:
             progress.runs += 1
         progress.running = 0
         self._progress = progress
+        self._policy = inp.policy
+        self._stream = inp.stream_state
+        if self._stream is None and inp.stream is not None:  # the batch's first run
+            self._stream = StreamState(options=inp.stream, on_error=inp.on_error,
+                                       cursors={name: 0 for name in inp.stream.consumers})
         resolved: dict[int, Task] = dict(inp.resolved)
         results: list[RolloutResult] = list(inp.results)
         refs: list[ResultsRef] = list(inp.result_refs)
@@ -99,46 +95,51 @@ class TasksetRun:
         index = inp.next_index
         pending: list[asyncio.Task[RolloutResult]] = []
         try:
-            while index < total or pending:
+            while self._more(index, total) or pending:
                 if self._failed_on is not None:  # on_error="fail": cancel the rest (teardown runs)
                     index = await self._fail_rest(inp, pending, index, total, results)
                     pending = []
                     break
-                while index < total and len(pending) < inp.max_concurrent and not self._too_long(inp):
-                    row_index, group_index = self._slot(inp, index)
+                while len(pending) < inp.max_concurrent and not self._too_long(inp):
+                    slot = self._next_slot(inp, index, total)
+                    if slot is None or not self._may_start(inp, slot):
+                        break  # nothing left to start, or the consumers are behind
+                    row_index, group_index, resample = slot
                     row = await self._row(inp, row_index)
                     task = resolved.get(row_index)
                     if task is None:
                         try:
                             task = await self._resolve(inp, row)
                         except ActivityError as err:  # the whole group fails, the batch goes on
-                            index = self._group_unresolved(inp, row, row_index, index, total, err, results)
+                            index = self._group_unresolved(inp, row, slot, index, total, err, results)
                             if self._failed_on is not None:
                                 break
                             continue
                         resolved[row_index] = task
                     pending.append(asyncio.ensure_future(
-                        self._rollout(inp, task, row.slug, row_index, group_index)))
-                    index += 1
+                        self._rollout(inp, task, row.slug, row_index, group_index, resample)))
+                    index = self._consume(slot, index)
                     progress.started += 1
                     progress.running += 1
                 if self._failed_on is not None:
                     continue  # cancel the rest at the top of the loop
                 if not pending:
+                    if self._held(index, total, inp):  # wait for an ack (or a long history)
+                        await workflow.wait_condition(lambda: not self._held(index, total, inp))
+                        continue
                     break
-                done, rest = await workflow.wait(pending, return_when=asyncio.FIRST_COMPLETED)
-                pending = list(rest)
-                for fut in sorted(done, key=lambda f: f.result().rollout_id):
-                    result = fut.result()
-                    results.append(result)
-                    progress.running -= 1
-                    self._count(inp, result)
+                await self._collect(inp, pending, results)
+                pending = [fut for fut in pending if not fut.done()]
                 self._details(progress)
         except asyncio.CancelledError:
             await self._cancel_children(inp, pending)
             raise
 
-        if index < total:  # history is getting long: carry state into a fresh run
+        carry = self._more(index, total)  # history is getting long: carry state into a fresh run
+        if not carry and self._stream is not None and self._failed_on is None:
+            self._rollouts_done = True
+            carry = await self._linger(inp)  # consumers catch up (True: continue as new first)
+        if carry:
             await self._continue_as_new(inp, index, results, refs, resolved, progress)
 
         progress.done = True
@@ -159,28 +160,38 @@ class TasksetRun:
         carry = inp.model_copy(update={
             "next_index": index, "results": results, "result_refs": refs,
             # only groups that still have rollouts to start need their resolved task
-            "resolved": {r: t for r, t in resolved.items() if r >= self._slot(inp, index)[0]},
-            "progress": progress,
+            "resolved": {r: t for r, t in resolved.items()
+                         if index < self._total(inp) and r >= self._slot(inp, index)[0]},
+            "progress": progress, "stream_state": self._stream, "policy": self._policy,
         })
+        await workflow.wait_condition(workflow.all_handlers_finished)
         workflow.continue_as_new(carry)
 
     def _count(self, inp: TasksetRunInput, result: RolloutResult) -> None:
-        """Count a final result; under on_error="fail" the first error marks the batch failed."""
+        """Count a final result; under on_error="fail" the first error marks the batch failed.
+        A streamed batch also hands it to its group (which may finish, or be re-sampled)."""
         assert self._progress is not None
         self._progress.count(result)
         if inp.on_error == "fail" and result.status in ERROR_STATUSES and self._failed_on is None:
             self._failed_on = result.rollout_id
+        if self._stream is not None:
+            before = len(self._stream.slots)
+            self._stream.finish(result, self._policy)
+            self._progress.total += len(self._stream.slots) - before  # a re-sampled group's rollouts
 
-    def _group_unresolved(self, inp: TasksetRunInput, row: Task, row_index: int, index: int, total: int,
-                          err: ActivityError, results: list[RolloutResult]) -> int:
+    def _group_unresolved(self, inp: TasksetRunInput, row: Task, slot: tuple[int, int, int], index: int,
+                          total: int, err: ActivityError, results: list[RolloutResult]) -> int:
         """Record every rollout of a group whose task did not resolve as failed; the next index."""
         assert self._progress is not None
-        while index < total and self._slot(inp, index)[0] == row_index:
-            failed = self._unresolved(inp, row, row_index, self._slot(inp, index)[1], err)
+        row_index, _, resample = slot
+        while (nxt := self._next_slot(inp, index, total)) is not None and nxt[0] == row_index \
+                and nxt[2] == resample:
+            failed = self._unresolved(inp, row, row_index, nxt[1], err, resample)
             results.append(failed)
             self._progress.started += 1
+            self._group_started(inp, nxt)
             self._count(inp, failed)
-            index += 1
+            index = self._consume(nxt, index)
         return index
 
     async def _fail_rest(self, inp: TasksetRunInput, pending: list[asyncio.Task[RolloutResult]],
@@ -224,11 +235,12 @@ class TasksetRun:
         self._set_status(inp, "cancelled")
 
     def _unresolved(self, inp: TasksetRunInput, row: Task, row_index: int, group_index: int,
-                    err: ActivityError) -> RolloutResult:
+                    err: ActivityError, resample: int = 0) -> RolloutResult:
         cause = err.cause or err
         return RolloutResult(
-            rollout_id=rollout_id(inp.job_id, row.slug, group_index, inp.batch_index), slug=row.slug,
-            group_id=group_id(inp.job_id, row_index, inp.batch_index), group_index=group_index,
+            rollout_id=rollout_id(inp.job_id, row.slug, group_index, inp.batch_index, resample),
+            slug=row.slug, group_id=group_id(inp.job_id, row_index, inp.batch_index, resample),
+            group_index=group_index,
             row_index=row_index, status="failed", error=f"[resolving] {cause}", error_phase="resolving",
         )
 
@@ -239,6 +251,31 @@ class TasksetRun:
             row_index, group_index = inp.only[index]
             return row_index, group_index
         return divmod(index, inp.group)  # type: ignore[return-value]
+
+    async def _collect(self, inp: TasksetRunInput, pending: list[asyncio.Task[RolloutResult]],
+                       results: list[RolloutResult]) -> None:
+        """Wait for a rollout to finish (or, when consumers hold new groups back, for an ack) and
+        count what finished."""
+        assert self._progress is not None
+        waits: list[asyncio.Future[Any]] = list(pending)
+        gate = None
+        if self._stream is not None and self._stream.options.max_in_flight is not None:
+            gate = asyncio.ensure_future(workflow.wait_condition(
+                lambda: self._stream is not None and self._stream.may_start_group()))
+            waits.append(gate)
+        done, _ = await workflow.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        if gate is not None and not gate.done():
+            gate.cancel()
+        for fut in sorted((f for f in done if f is not gate), key=lambda f: f.result().rollout_id):
+            result = fut.result()
+            results.append(result)
+            self._progress.running -= 1
+            self._count(inp, result)
+
+    @classmethod
+    def _total(cls, inp: TasksetRunInput) -> int:
+        """How many rollouts the batch's own slots are (re-sampled groups come on top)."""
+        return len(inp.only) if inp.only is not None else cls._row_count(inp) * inp.group
 
     @staticmethod
     def _row_count(inp: TasksetRunInput) -> int:
@@ -258,9 +295,11 @@ class TasksetRun:
         return self._window[index]
 
     def _too_long(self, inp: TasksetRunInput) -> bool:
-        # Continue-as-new well before the 10,240-event warning (and the 2,000 pending-children cap).
+        # Continue-as-new well before the 10,240-event warning (and the 2,000 pending-children cap,
+        # and the 2,000 updates a run may take).
         info = workflow.info()
-        return info.is_continue_as_new_suggested() or info.get_current_history_length() > inp.max_history_events
+        return (info.is_continue_as_new_suggested() or info.get_current_history_length() > inp.max_history_events
+                or self._stream_updates > MAX_UPDATES_PER_RUN)
 
     async def _resolve(self, inp: TasksetRunInput, row: Task) -> Task:
         if inp.taskset_class is None:  # plain Taskset: resolve_task is the identity
@@ -281,13 +320,14 @@ class TasksetRun:
         )
 
     async def _rollout(self, inp: TasksetRunInput, task: Task, row_slug: str, row_index: int,
-                       group_index: int) -> RolloutResult:
+                       group_index: int, resample: int = 0) -> RolloutResult:
         # The id uses the row's slug (known before resolution), so it is stable for resume.
-        rid = rollout_id(inp.job_id, row_slug, group_index, inp.batch_index)
+        rid = rollout_id(inp.job_id, row_slug, group_index, inp.batch_index, resample)
+        gid = group_id(inp.job_id, row_index, inp.batch_index, resample)
         earlier: list[RetryAttempt] = []
         retry = 0
         while True:
-            result = await self._rollout_once(inp, task, rid, row_index, group_index, retry)
+            result = await self._rollout_once(inp, task, rid, gid, row_index, group_index, retry)
             # Fresh re-runs (new child, new substrate key) only for inputs that ask for them.
             if (result.status not in RETRYABLE_STATUSES or retry >= inp.retries
                     or self._failed_on is not None or not workflow.patched("taskset-run-retries")):
@@ -302,9 +342,8 @@ class TasksetRun:
             result.retry_history = earlier
         return result
 
-    async def _rollout_once(self, inp: TasksetRunInput, task: Task, rid: str, row_index: int,
+    async def _rollout_once(self, inp: TasksetRunInput, task: Task, rid: str, gid: str, row_index: int,
                             group_index: int, retry: int) -> RolloutResult:
-        gid = group_id(inp.job_id, row_index, inp.batch_index)
         wid = child_id(rid, retry)
         # The child's input names the stable rollout id (its workflow id adds -r<retry>).
         child = RolloutInput(rollout_id=rid, job_id=inp.job_id, group_id=gid, group_index=group_index,
@@ -312,7 +351,7 @@ class TasksetRun:
                              rollout_timeout_s=inp.rollout_timeout_s, max_attempts=inp.max_attempts,
                              local_steps=inp.local_steps, ephemeral=inp.ephemeral,
                              task_queue=inp.task_queue, queue_timeout_s=inp.queue_timeout_s,
-                             search_attributes=inp.search_attributes, retry=retry,
+                             search_attributes=inp.search_attributes, retry=retry, policy=self._policy,
                              status_at_start=inp.search_attributes, layout=CARD_LAYOUT)
         attrs = None
         if inp.search_attributes:  # the child's status starts as running: one upsert less per child

@@ -11,6 +11,7 @@ from typing import Literal
 
 from pydantic import Field
 
+from durable_rollouts.workflows.stream import PolicyRef, StreamOptions, StreamState
 from durable_rollouts.models import (
     ERROR_STATUSES,
     RETRYABLE_STATUSES,
@@ -106,9 +107,9 @@ SEARCH_ATTRIBUTES = {
     "RolloutsErrorPhase": "Keyword",
 }
 
-OnError = Literal["keep", "drop_group", "fail"]
+OnError = Literal["keep", "drop_group", "fail", "drop_sample"]
 """What a batch does about a rollout whose error survived its retries (``TasksetRunInput.on_error``)."""
-ON_ERROR_POLICIES: tuple[str, ...] = ("keep", "drop_group", "fail")
+ON_ERROR_POLICIES: tuple[str, ...] = ("keep", "drop_group", "fail", "drop_sample")
 
 
 
@@ -198,6 +199,10 @@ class TasksetRunInput(_Model):
     results: list[RolloutResult] = Field(default_factory=list)
     result_refs: list[ResultsRef] = Field(default_factory=list)
     progress: Progress | None = None
+    # A streamed batch (``Taskset.start``): its pacing, and the stream carried across runs.
+    stream: StreamOptions | None = None
+    stream_state: StreamState | None = None
+    policy: PolicyRef | None = None  # the policy new rollouts sample with (carried)
 
 
 class TasksetRunResult(_Model):
@@ -245,6 +250,7 @@ class RolloutInput(_Model):
     # How long a step may wait on the substrate's own (host or process) queue before that
     # worker, and the substrate with it, count as gone (schedule-to-start).
     queue_timeout_s: float = Field(default=QUEUE_TIMEOUT_S, gt=0)
+    policy: PolicyRef | None = None  # the trainer's policy this rollout samples with
     # The history shape the parent chose, kept in the child's start event (replay-safe like a
     # patch marker, at no cost): ``CARD_LAYOUT`` = the card's steps; 0-4 = earlier releases'
     # shapes, run by ``workflows.legacy`` (0: histories recorded before the field existed). A

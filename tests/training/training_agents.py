@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import re
 import time
 
 from durable_rollouts.models import Step
@@ -21,17 +20,6 @@ TOOLS = [{"type": "function", "function": {
     "name": "add", "description": "Add two numbers.",
     "parameters": {"type": "object", "properties": {"a": {"type": "number"}, "b": {"type": "number"}},
                    "required": ["a", "b"]}}}]
-
-
-def retry_index(rollout_id: str) -> int:
-    """0 for the first run of a rollout, n for its child ``<rollout_id>-r<n>``."""
-    m = re.search(r"-r(\d+)$", rollout_id)
-    return int(m.group(1)) if m else 0
-
-
-def group_index(rollout_id: str) -> int:
-    base = re.sub(r"-b\d+$", "", re.sub(r"-r\d+$", "", rollout_id))
-    return int(base.rsplit("-", 1)[1])
 
 
 class PolicyAgent(Agent):
@@ -46,10 +34,10 @@ class PolicyAgent(Agent):
     async def __call__(self, run: Run) -> None:
         expected = str((run.task.args if run.task else {}).get("expected", ""))
         failing = (expected in self.fail_expected
-                   and (self.fail_members is None or group_index(run.rollout_id) in self.fail_members)
-                   and retry_index(run.rollout_id) < self.fail_below)
+                   and (self.fail_members is None or run.group_index in self.fail_members)
+                   and run.attempt - 1 < self.fail_below)
         if failing:
-            raise RuntimeError(f"{expected} fails on purpose (attempt {retry_index(run.rollout_id) + 1})")
+            raise RuntimeError(f"{expected} fails on purpose (attempt {run.attempt})")
         await asyncio.sleep(self.seconds)
         run.trace.content = expected
 

@@ -1,0 +1,250 @@
+"""A live job for a trainer: stream finished groups, acknowledge them, publish the policy.
+
+``Taskset.start(...)`` returns a :class:`LiveJob` at once (its batch runs on Temporal);
+``Job.attach(job_id)`` gets one back after a trainer restart. ``job.stream(consumer=...)`` reads
+the batch's finished groups in completion order (the ``stream_view`` query: nothing written) and
+yields them ``batch_size`` at a time; ``await batch.ack()`` records the acknowledgement in the
+batch's workflow (the ``stream_ack`` update), so a consumer that restarts under the same name
+gets every unacknowledged group again and never an acknowledged one, and no rollout runs again.
+``job.set_policy(version, endpoint=...)`` is an update too: new rollouts sample with it.
+Imports temporalio, the workflow names and models, and the sdk's Job/Run; never the CLI.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from temporalio.client import Client, WorkflowExecutionStatus, WorkflowHandle, WorkflowUpdateFailedError
+from temporalio.service import RPCError
+
+from ..errors import ConfigError
+from ..sdk.job import Job
+from ..sdk.run import Run
+from ..sdk.tracestore import TraceStore
+from ..workflows import TasksetRun, TasksetRunInput, workflow_id
+from ..workflows.stream import (
+    AckRequest,
+    FinishedGroup,
+    PolicyRef,
+    StreamOptions,
+    StreamRequest,
+    StreamView,
+    check_consumer,
+)
+from .batches import JobHandle, _client, _ensure_worker, start_job
+from .jobs import run_from_result
+
+__all__ = ["JobClosedError", "LiveJob", "StreamBatch", "attach", "start_live"]
+
+POLL_S = 0.5  # how often a waiting stream asks the batch for new groups
+_UPDATE_TRIES = 5  # an update that meets a run continuing-as-new is sent again
+
+
+@dataclass
+class StreamBatch:
+    """Finished groups, in completion order: ``groups[i]`` are the kept rollouts of one group.
+
+    ``sizes[i]`` is the size that group counts as (its kept samples, for advantages);
+    ``records`` the stream's own records (group ids, dropped samples, policy versions).
+    """
+
+    job: LiveJob
+    consumer: str
+    start: int
+    end: int
+    records: list[FinishedGroup]
+    groups: list[list[Run]] = field(default_factory=list)
+    recorded: bool = True  # False once the job has closed: acknowledgements are no longer kept
+
+    @property
+    def id(self) -> str:
+        return f"{self.consumer}:{self.start}-{self.end}"
+
+    @property
+    def sizes(self) -> list[int]:
+        return [r.size for r in self.records]
+
+    async def ack(self) -> int:
+        """Acknowledge these groups (durable when it returns); returns the consumer's cursor.
+
+        On a job that has closed (its consumers caught up, or it lingered out) there is nothing
+        left to record an acknowledgement in: it returns the batch's end and records nothing."""
+        if not self.recorded:
+            return self.end
+        return int(await self.job._update("stream_ack", AckRequest(
+            consumer=self.consumer, start=self.start, end=self.end)))
+
+
+class JobClosedError(ConfigError):
+    """The job's batch workflow has closed: it takes no more acknowledgements or policies."""
+
+
+class LiveJob(Job):
+    """A running job: its batch's handle, plus stream, ack and policy calls."""
+
+    def __init__(self, handle: JobHandle, client: Client) -> None:
+        base = handle.job
+        super().__init__(id=base.id, name=base.name, group=base.group, taskset=base.taskset)
+        self.batches, self.agent = base.batches, base.agent
+        self.handle = handle
+        self.client = client
+        self.store = handle.trace_store or TraceStore()
+
+    @property
+    def _workflow(self) -> WorkflowHandle[Any, Any]:
+        return self.client.get_workflow_handle(workflow_id(self.id, self.handle.batch_index))
+
+    async def _update(self, name: str, arg: Any) -> Any:
+        """Run update ``name``; a refused one is a ConfigError with the workflow's reason."""
+        for tries in range(_UPDATE_TRIES):
+            try:
+                return await self._workflow.execute_update(name, arg)
+            except WorkflowUpdateFailedError as exc:
+                cause = exc.cause
+                raise ConfigError(str(getattr(cause, "message", None) or cause or exc)) from exc
+            except RPCError as exc:  # the run is continuing as new: the next run takes it
+                if tries == _UPDATE_TRIES - 1 or not await self._running():
+                    raise JobClosedError(f"job {self.id} has closed: {exc.message}") from exc
+                await asyncio.sleep(0.2 * (tries + 1))
+        raise AssertionError("unreachable")
+
+    async def _running(self) -> bool:
+        desc = await self._workflow.describe()
+        return desc.status == WorkflowExecutionStatus.RUNNING
+
+    async def view(self, consumer: str, start: int, limit: int) -> StreamView:
+        """What ``consumer`` can read from ``start`` (a query)."""
+        return await self._workflow.query(TasksetRun.stream_view,
+                                          StreamRequest(consumer=consumer, start=start, limit=limit))
+
+    async def stream(self, consumer: str = "trainer", batch_size: int = 1, *,
+                     poll_s: float = POLL_S) -> AsyncIterator[StreamBatch]:
+        """Yield finished groups ``batch_size`` at a time, in completion order, until the batch
+        is done; each batch is delivered again (after a restart) until it is acknowledged.
+
+        Raises:
+            ConfigError: a bad consumer name or batch size, or a job that does not stream.
+        """
+        try:
+            check_consumer(consumer)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or not 1 <= batch_size <= 1000:
+            raise ConfigError(f"batch_size={batch_size!r}: use a whole number from 1 to 1000")
+        try:
+            start, recorded = int(await self._update("stream_register", consumer)), True
+        except JobClosedError:  # read what is left; acknowledgements can no longer be recorded
+            start, recorded = (await self.view(consumer, 0, 1)).cursor, False
+        while True:
+            view = await self.view(consumer, start, batch_size)
+            if view.groups and (len(view.groups) == batch_size or view.done):
+                batch = StreamBatch(self, consumer, view.start, view.start + len(view.groups), view.groups,
+                                    recorded=recorded)
+                batch.groups = [await self._runs(g) for g in view.groups]
+                start = batch.end
+                yield batch
+            elif view.done:
+                return
+            else:
+                await asyncio.sleep(poll_s)
+
+    async def _runs(self, group: FinishedGroup) -> list[Run]:
+        loop = asyncio.get_running_loop()
+        return [await loop.run_in_executor(None, run_from_result, r, None, self.id, self.store)
+                for r in group.results]
+
+    async def set_policy(self, version: int, endpoint: str | None = None) -> int:
+        """Publish the trainer's policy: new rollouts sample with ``version`` (never backwards)."""
+        if isinstance(version, bool) or not isinstance(version, int) or version < 0:
+            raise ConfigError(f"policy version {version!r}: use a whole number >= 0")
+        return int(await self._update("set_policy", PolicyRef(version=version, endpoint=endpoint)))
+
+    async def close(self) -> None:
+        """Let the batch finish once its rollouts are done, even if consumers lag."""
+        await self._update("stream_close", None)
+
+    async def wait(self) -> Job:
+        """Wait for the batch to finish (after its consumers caught up) and collect its runs."""
+        job = await self.handle.wait()
+        self.runs = job.runs
+        return self
+
+    async def cancel(self) -> None:
+        await self.handle.cancel()
+
+    async def release(self) -> None:
+        """Give back the in-process worker (the batch then needs another worker)."""
+        await self.handle.release()
+
+
+def stream_options(max_in_flight: int | None, max_staleness: int | None, on_stale: str,
+                   linger_s: float, consumers: list[str] | tuple[str, ...] = ()) -> StreamOptions:
+    """Validated stream options (ConfigError for bad input)."""
+    if max_in_flight is not None and (isinstance(max_in_flight, bool) or not isinstance(max_in_flight, int)
+                                      or max_in_flight < 1):
+        raise ConfigError(f"max_in_flight={max_in_flight!r}: use a whole number >= 1 (or None)")
+    if max_staleness is not None and (isinstance(max_staleness, bool)
+                                      or not isinstance(max_staleness, int) or max_staleness < 0):
+        raise ConfigError(f"max_staleness={max_staleness!r}: use a whole number >= 0 (or None)")
+    if on_stale not in ("resample", "drop"):
+        raise ConfigError(f"on_stale={on_stale!r}: use resample or drop")
+    if not linger_s > 0:
+        raise ConfigError(f"linger_s={linger_s!r}: use a number of seconds > 0")
+    for name in consumers:
+        try:
+            check_consumer(name)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+    return StreamOptions(max_in_flight=max_in_flight, max_staleness=max_staleness, on_stale=on_stale,
+                         linger_s=linger_s, consumers=list(dict.fromkeys(consumers)))  # type: ignore[arg-type]
+
+
+async def start_live(taskset: Any, agent: Any, *, runtime: Any, max_in_flight: int | None = None,
+                     max_staleness: int | None = None, on_stale: str = "resample",
+                     linger_s: float = 3600.0, policy_version: int | None = None,
+                     policy_endpoint: str | None = None, temporal: Any = None,
+                     consumers: list[str] | tuple[str, ...] = ("trainer",), **kwargs: Any) -> LiveJob:
+    """Start a streamed batch and return its LiveJob at once (``Taskset.start``).
+
+    ``consumers`` are registered from the start: the finished batch stays open (up to
+    ``linger_s`` after a consumer last acted) until each has acknowledged every group."""
+    options = stream_options(max_in_flight, max_staleness, on_stale, linger_s, consumers)
+    policy = None
+    if policy_version is not None:
+        if isinstance(policy_version, bool) or not isinstance(policy_version, int) or policy_version < 0:
+            raise ConfigError(f"policy_version={policy_version!r}: use a whole number >= 0")
+        policy = PolicyRef(version=policy_version, endpoint=policy_endpoint)
+    client, _ = await _client(temporal)
+    handle = await start_job(taskset, agent, runtime=runtime, temporal=client if temporal is not None
+                             else None, stream=options, policy=policy, **kwargs)
+    return LiveJob(handle, client)
+
+
+async def attach(job_id: str, *, temporal: Any = None, worker: bool | None = None,
+                 task_queue: str | None = None, batch_index: int = 0) -> LiveJob:
+    """The LiveJob of a running (or finished) streamed job, e.g. after a trainer restart.
+
+    ``worker``: run an in-process worker for it (default: only with the embedded dev server).
+    """
+    from .jobs import describe, read_input
+
+    client, embedded = await _client(temporal)
+    desc = await describe(client, workflow_id(job_id, batch_index))
+    if desc is None:
+        raise ConfigError(f"no job {job_id!r} on this Temporal server")
+    inp = await read_input(client, desc.id, desc.run_id, TasksetRunInput)
+    if inp.stream is None:
+        raise ConfigError(f"job {job_id} does not stream finished groups: start it with Taskset.start(...)")
+    job = Job(id=job_id, name=inp.job_name or job_id, group=inp.group, taskset=inp.taskset_name)
+    job.batches = batch_index + 1
+    handle = JobHandle(job=job, batch_index=batch_index, handle=client.get_workflow_handle(desc.id),
+                       rows=list(inp.rows))
+    queue = task_queue or inp.task_queue
+    if worker if worker is not None else embedded:
+        handle.relet = lambda: _ensure_worker(client, queue)
+        handle.lease = await handle.relet()
+    return LiveJob(handle, client)
+

@@ -1,0 +1,177 @@
+"""The ``TasksetRun`` workflow's stream: pacing against consumers, and its queries and updates.
+
+A mixin of ``TasksetRun``. Pacing: which rollout starts next (a re-sampled group's first), whether
+a new group may start (``max_in_flight``), and lingering once every rollout is done.
+
+Consumers read finished groups with the ``stream_view`` query (no history written), register
+and acknowledge with updates (``stream_register``, ``stream_ack``), and the trainer publishes its
+policy with ``set_policy``; ``stream_close`` lets a lingering batch finish. Every handler is
+synchronous and adds no command, so histories of batches without a stream replay unchanged.
+Validators reject bad input before anything is recorded (a bad ack never harms the job).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import timedelta
+
+from temporalio import workflow
+
+with workflow.unsafe.imports_passed_through():
+    from durable_rollouts.workflows.ids import group_id
+    from durable_rollouts.workflows.types import TasksetRunInput
+    from durable_rollouts.workflows.stream import (
+        AckRequest,
+        PolicyRef,
+        StreamRequest,
+        StreamState,
+        StreamView,
+        check_consumer,
+    )
+
+__all__ = ["StreamHandlers"]
+
+
+class StreamHandlers:
+    """Stream state of one batch run and its handlers (the workflow sets the fields)."""
+
+    _stream: StreamState | None = None
+    _policy: PolicyRef | None = None
+    _rollouts_done = False
+    _stream_updates = 0  # updates this run accepted (a run takes at most 2,000)
+    _touched = False  # a consumer acted since the batch started lingering
+
+    # -- slots: what to start next (the batch's own, or a re-sampled group's) -------------------
+
+    def _more(self, index: int, total: int) -> bool:
+        return index < total or (self._stream is not None and bool(self._stream.slots))
+
+    def _next_slot(self, inp: TasksetRunInput, index: int, total: int) -> tuple[int, int, int] | None:
+        """(row, group index, resample) of the next rollout to start, or None: a re-sampled
+        group's rollouts first, then the batch's own in order."""
+        if self._stream is not None and self._stream.slots:
+            return self._stream.slots[0]
+        if index < total:
+            return (*self._slot(inp, index), 0)
+        return None
+
+    def _consume(self, slot: tuple[int, int, int], index: int) -> int:
+        """Mark ``slot`` started; returns the next batch index."""
+        if slot[2]:  # a re-sampled group's rollout
+            assert self._stream is not None
+            self._stream.slots.pop(0)
+            return index
+        return index + 1
+
+    def _group_started(self, inp: TasksetRunInput, slot: tuple[int, int, int]) -> None:
+        if self._stream is None:
+            return
+        row_index, _, resample = slot
+        expected = inp.group if inp.only is None else sum(1 for r, _ in inp.only if r == row_index)
+        self._stream.group_started(group_id(inp.job_id, row_index, inp.batch_index, resample), expected,
+                                   resample)
+
+    def _may_start(self, inp: TasksetRunInput, slot: tuple[int, int, int]) -> bool:
+        """Back-pressure: a new group starts only while fewer than ``max_in_flight`` groups run or
+        wait unacknowledged; a started group's rollouts always start."""
+        if self._stream is None:
+            return True
+        gid = group_id(inp.job_id, slot[0], inp.batch_index, slot[2])
+        if gid not in self._stream.pending and not self._stream.may_start_group():
+            return False
+        self._group_started(inp, slot)
+        return True
+
+    def _held(self, index: int, total: int, inp: TasksetRunInput) -> bool:
+        """Nothing runs, more is to start, and the consumers hold it back (until an ack, or until
+        the history is long enough to continue as new)."""
+        return (self._stream is not None and self._more(index, total) and not self._too_long(inp)
+                and not self._stream.may_start_group() and self._failed_on is None)
+
+    async def _linger(self, inp: TasksetRunInput) -> bool:
+        """Stay open for the consumers once every rollout is done: until they all caught up, the
+        stream is closed, or ``linger_s`` passed without a consumer acting. True when the run
+        should continue as new first (a long history)."""
+        assert self._stream is not None
+        stream = self._stream
+        while not (stream.closed or stream.caught_up()):
+            if self._too_long(inp):
+                return True
+            self._touched = False
+            try:
+                await workflow.wait_condition(
+                    lambda: stream.closed or stream.caught_up() or self._touched or self._too_long(inp),
+                    timeout=timedelta(seconds=stream.options.linger_s))
+            except asyncio.TimeoutError:
+                workflow.logger.warning("batch %s: consumers did not catch up within %.0f s; closing",
+                                        workflow.info().workflow_id, stream.options.linger_s)
+                return False
+        return False
+
+    def _too_long(self, inp: TasksetRunInput) -> bool:  # the workflow's
+        raise NotImplementedError
+
+    def _slot(self, inp: TasksetRunInput, index: int) -> tuple[int, int]:  # the workflow's
+        raise NotImplementedError
+
+    _failed_on: str | None = None
+
+    def _need_stream(self) -> StreamState:
+        if self._stream is None:
+            raise ValueError("this batch does not stream finished groups: start it with "
+                             "Taskset.start(...) to consume it with job.stream()")
+        return self._stream
+
+    @workflow.query(name="stream_view")
+    def stream_view(self, req: StreamRequest) -> StreamView:
+        """Groups ``req.consumer`` has not acknowledged, from ``req.start`` (at most ``req.limit``)."""
+        stream = self._need_stream()
+        done = self._rollouts_done and not stream.pending and not stream.slots
+        return stream.view(req, done, self._policy)
+
+    @workflow.update(name="stream_register")
+    def stream_register(self, consumer: str) -> int:
+        """Register a consumer (idempotent); returns its cursor."""
+        self._stream_updates += 1
+        self._touched = True
+        return self._need_stream().register(consumer)
+
+    @stream_register.validator
+    def _check_register(self, consumer: str) -> None:
+        self._need_stream()
+        check_consumer(consumer)
+
+    @workflow.update(name="stream_ack")
+    def stream_ack(self, req: AckRequest) -> int:
+        """Acknowledge groups ``[req.start, req.end)``; returns the consumer's new cursor."""
+        self._stream_updates += 1
+        self._touched = True
+        return self._need_stream().ack(req)
+
+    @stream_ack.validator
+    def _check_ack(self, req: AckRequest) -> None:
+        self._need_stream().check_ack(req)
+
+    @workflow.update(name="set_policy")
+    def set_policy(self, policy: PolicyRef) -> int:
+        """The policy new rollouts sample with; returns its version."""
+        self._stream_updates += 1
+        self._policy = policy
+        return policy.version
+
+    @set_policy.validator
+    def _check_policy(self, policy: PolicyRef) -> None:
+        if self._policy is not None and policy.version < self._policy.version:
+            raise ValueError(f"policy version {policy.version} is behind the job's current "
+                             f"version {self._policy.version}: versions only go forward")
+
+    @workflow.update(name="stream_close")
+    def stream_close(self) -> bool:
+        """Let the batch finish once its rollouts are done, whoever has not caught up."""
+        self._stream_updates += 1
+        self._need_stream().closed = True
+        return True
+
+    @stream_close.validator
+    def _check_close(self) -> None:
+        self._need_stream()
