@@ -71,8 +71,14 @@ _Model = StrictModel
 class RuntimeGPU(_Model):
     """GPUs a row asks for: ``count`` of them, of ``type`` (or one of a list of types) if given."""
 
-    type: str | list[str] | None = Field(default=None, min_length=1)
+    type: str | list[str] | None = None
     count: int = Field(default=1, ge=1)
+
+    @model_validator(mode="after")
+    def _types_are_named(self) -> RuntimeGPU:
+        if self.type is not None and not (self.types and all(self.types)):
+            raise ValueError(f"gpu type must name a GPU type (or a list of them), not {self.type!r}")
+        return self
 
     @property
     def types(self) -> list[str]:
