@@ -77,7 +77,7 @@ class RuntimeGPU(_Model):
     @model_validator(mode="after")
     def _types_are_named(self) -> RuntimeGPU:
         if self.type is not None and not (self.types and all(self.types)):
-            raise ValueError(f"gpu type must name a GPU type (or a list of them), not {self.type!r}")
+            raise ValueError(f"gpu type must name a GPU type (or a list of them): {self.type!r}")
         return self
 
     @property

@@ -10,6 +10,9 @@ that tunnels through ``tunnel.open``) and returns a ready client:
 - ``mcp/*``: a connected ``fastmcp.Client``; close with ``await client.close()``.
 - anything else (cdp, rfb, a plain tcp port): an ``(asyncio.StreamReader, StreamWriter)`` pair.
 
+Users reach this through ``await client.open(name)`` (``EnvClient.open``; ``run.open`` is the
+same), which caches the handle per client and closes it with the client. An mcp binding without
+a ``transport`` param (HUD's plain ``Capability(...)`` publishes none) goes by its url scheme.
 A refused or immediately dropped connection is retried a few times with exponential backoff; a
 name the environment does not publish raises :class:`CapabilityNotFoundError` listing what exists.
 Imports asyncssh/fastmcp lazily; never ``envserver``.

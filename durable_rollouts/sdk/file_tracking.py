@@ -1,4 +1,4 @@
-"""``file_tracking_observer``: which workspace files a block of agent work added, modified or deleted.
+"""``file_tracking_observer``: the workspace files a block of agent work added, changed, deleted.
 
 ``async with file_tracking_observer(run) as files:`` lists the env's workspace (its ``ssh``
 capability) before the block and again after it, over that capability's ssh connection
@@ -12,11 +12,13 @@ which JSONL exports carry with the trace::
 
 What it costs: each listing is one ssh command in the workspace running ``find`` plus
 ``sha256sum`` over every file up to ``max_hash_bytes`` (larger files are compared by size and
-mtime), so two round trips and two reads of the workspace's files per block. Noise directories
-(``.git``, ``node_modules``, ...) are skipped. Only paths and sizes are reported, never contents
-or hashes. An env without an ssh capability is not tracked (``tracked`` false: the block runs as
-it would without the observer); a listing that fails is logged and reported in ``error``, never
-raised into the agent's work. A block left by cancellation is not listed again.
+mtime), so two round trips and two reads of the workspace's files per block (measured on a
+2-core box with bwrap: 35 ms empty, 85 ms for 2,000 files of 1 KiB, 650 ms for 20,000). Noise
+directories (``.git``, ``node_modules``, ...) are skipped. Only paths and sizes are reported,
+never contents or hashes. An env without an ssh capability is not tracked (``tracked`` false:
+the block runs as it would without the observer); a listing that fails is logged and reported
+in ``error``, never raised into the agent's work. A block left by cancellation is not listed
+again, and a retried agent step (after a checkpoint) reports only what its own block changed.
 
 Imports models/errors, ``.capabilities`` and ``.run``; asyncssh only lazily. Never ``envserver``.
 """

@@ -10,7 +10,7 @@ import asyncio
 from pathlib import Path
 
 import pytest
-from fastmcp import FastMCP
+from mcp_tools import calculator
 
 from durable_rollouts import Capability, Environment
 from durable_rollouts.envserver import serving
@@ -20,21 +20,10 @@ from durable_rollouts.sdk.client import connect
 from durable_rollouts.sdk.run import Run
 
 
-def _tools() -> FastMCP:
-    server = FastMCP("tools")
-
-    @server.tool
-    def add(a: int, b: int) -> int:
-        """Add two numbers."""
-        return a + b
-
-    return server
-
-
 def _env(tmp_path: Path) -> Environment:
     env = Environment(name="open")
     env.workspace(tmp_path / "ws", isolation="none")
-    env.mcp(_tools(), name="tools")
+    env.mcp(calculator(), name="tools")
     return env
 
 
@@ -95,7 +84,7 @@ async def test_run_open_is_the_clients_open(tmp_path: Path) -> None:
 async def test_an_mcp_binding_without_a_transport_opens_by_its_url_scheme(tmp_path: Path) -> None:
     """HUD's ``Capability(...)`` may publish an mcp binding with no ``transport`` param."""
     served = Environment(name="bare")
-    service = served.mcp(_tools(), name="typed")
+    service = served.mcp(calculator(), name="typed")
     async with serving(served):
         url = service.capability.url if service.capability else ""
         env = Environment(name="bare-mcp")

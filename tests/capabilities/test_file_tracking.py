@@ -7,11 +7,12 @@ reached through ``tunnel.open``; the agent test runs the whole direct rollout pa
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
 
-from durable_rollouts import Environment, Taskset, file_tracking_observer
+from durable_rollouts import Capability, Environment, Taskset, file_tracking_observer
 from durable_rollouts.envserver import serving
 from durable_rollouts.errors import InvalidStateError
 from durable_rollouts.models import Trace
@@ -21,6 +22,8 @@ from durable_rollouts.sdk.client import connect
 from durable_rollouts.sdk.direct import run_direct
 from durable_rollouts.sdk.providers import LocalRuntime
 from durable_rollouts.sdk.run import Run
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _workspace_env(root: Path) -> Environment:
@@ -161,3 +164,19 @@ async def test_observing_a_run_outside_its_agent_step_is_an_invalid_state() -> N
     with pytest.raises(InvalidStateError, match="connected run"):
         async with file_tracking_observer(Run()):
             pass
+
+
+async def test_the_readmes_capabilities_block_runs_as_written(tmp_path: Path) -> None:
+    text = (REPO / "README.md").read_text()
+    section = text.split("### Capabilities and runtime config\n", 1)[1]
+    block = re.findall(r"```python\n(.*?)```", section, flags=re.S)[0]
+    env = _workspace_env(tmp_path / "ws")  # its workspace replaces the block's own "shell" at serve
+    names: dict = {"env": env, "Agent": Agent, "Run": Run, "host_key": "ssh-ed25519 AAAA",
+                   "private_key": "<key>", "binding": Capability.rfb(url="rfb://h").manifest()}
+    exec(compile(block, "README.md", "exec"), names)
+    assert names["config"].resources.gpu.type == "A100"
+    assert {c.name for c in env.capabilities} == {"tools", "browser", "screen", "arm", "shell"}
+    job = await run_direct(Taskset("readme", [env.templates["write_notes"]()]), names["MyAgent"](),
+                           LocalRuntime(env))
+    assert job.runs[0].reward == 1.0, job.runs[0].error
+    assert [c["path"] for c in job.runs[0].trace.extra["files"]["changes"]] == ["notes.md"]

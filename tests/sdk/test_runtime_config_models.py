@@ -28,8 +28,6 @@ from durable_rollouts.sdk.providers.docker import DockerRuntime
 from durable_rollouts.sdk.providers.modal import ModalRuntime
 from durable_rollouts.sdk.run import Run
 
-from conftest import LETTERS
-
 SEED = RuntimeConfig(
     image="registry.example/env:1",
     resources=RuntimeResources(cpu=4, memory_mb=8192, gpu=RuntimeGPU(type="A100", count=1)),
@@ -112,16 +110,16 @@ def test_modal_honours_one_gpu_type_and_rejects_a_choice_of_types() -> None:
         ModalRuntime("img", runtime_config=choice)
 
 
-async def test_a_local_runtime_rejects_a_gpu_row_before_anything_starts() -> None:
+async def test_a_local_runtime_rejects_a_gpu_row_before_anything_starts(letters_path: Path) -> None:
     row = Task(env="letters", id="count_letter",
                runtime_config=RuntimeConfig(resources=RuntimeResources(gpu=RuntimeGPU(count=1))))
     with pytest.raises(ConfigError) as info:
-        await run_direct(Taskset("gpu", [row]), Three(), LocalRuntime(str(LETTERS)))
+        await run_direct(Taskset("gpu", [row]), Three(), LocalRuntime(letters_path))
     assert "LocalRuntime cannot honour runtime_config field(s) resources.gpu of task" in str(info.value)
 
 
-async def test_runtime_limits_reach_the_provider_that_honours_them() -> None:
+async def test_runtime_limits_reach_the_provider_that_honours_them(letters_path: Path) -> None:
     row = Task(env="letters", id="count_letter", args={"word": "strawberry", "letter": "r"},
                runtime_config=RuntimeConfig(limits=RuntimeLimits(startup_timeout_s=30)))
-    job = await run_direct(Taskset("limits", [row]), Three(), SubprocessRuntime(str(LETTERS)))
+    job = await run_direct(Taskset("limits", [row]), Three(), SubprocessRuntime(letters_path))
     assert job.runs[0].reward == 1.0, job.runs[0].error

@@ -234,8 +234,9 @@ class DockerRuntime(DurableProvider):
                     time.sleep(0.1)
             self._remove(name)  # `run` may have created the container before its start failed
             if "could not select device driver" in str(exc):
+                count = res.gpu.count if res.gpu else 0
                 raise ConfigError(
-                    f"this Docker engine cannot give {name} {res.gpu.count if res.gpu else 0} GPU(s) (no GPU device "
+                    f"this Docker engine cannot give {name} {count} GPU(s) (no GPU device "
                     f"driver, e.g. the NVIDIA container toolkit): {exc}"
                 ) from exc
             raise ProviderError(f"docker could not start {name} from {image!r}: {exc}") from exc
