@@ -12,8 +12,18 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from .envserver import Answer, Capability, Environment
-    from .models import Grade, RuntimeConfig, Step, Task, Trace
+    from .models import (
+        Grade,
+        RuntimeConfig,
+        RuntimeGPU,
+        RuntimeLimits,
+        RuntimeResources,
+        Step,
+        Task,
+        Trace,
+    )
     from .sdk.agents import Agent
+    from .sdk.file_tracking import file_tracking_observer
     from .sdk.job import Job
     from .sdk.lifetime import session
     from .sdk.providers import LocalRuntime, Runtime, SubprocessRuntime
@@ -36,12 +46,16 @@ __all__ = [
     "Run",
     "Runtime",
     "RuntimeConfig",
+    "RuntimeGPU",
+    "RuntimeLimits",
+    "RuntimeResources",
     "SSHRuntime",
     "Step",
     "SubprocessRuntime",
     "Task",
     "Taskset",
     "Trace",
+    "file_tracking_observer",
     "session",
 ]
 
@@ -58,12 +72,16 @@ _WHERE = {
     "Run": "durable_rollouts.sdk.run",
     "Runtime": "durable_rollouts.sdk.providers",
     "RuntimeConfig": "durable_rollouts.models",
+    "RuntimeGPU": "durable_rollouts.models",
+    "RuntimeLimits": "durable_rollouts.models",
+    "RuntimeResources": "durable_rollouts.models",
     "SSHRuntime": "durable_rollouts.sdk.providers.ssh",
     "Step": "durable_rollouts.models",
     "SubprocessRuntime": "durable_rollouts.sdk.providers",
     "Task": "durable_rollouts.models",
     "Taskset": "durable_rollouts.sdk.taskset",
     "Trace": "durable_rollouts.models",
+    "file_tracking_observer": "durable_rollouts.sdk.file_tracking",
     "session": "durable_rollouts.sdk.lifetime",
 }
 

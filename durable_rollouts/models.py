@@ -27,6 +27,9 @@ __all__ = [
     "RolloutResult",
     "RolloutStatus",
     "RuntimeConfig",
+    "RuntimeGPU",
+    "RuntimeLimits",
+    "RuntimeResources",
     "Session",
     "Step",
     "StrictModel",
@@ -52,26 +55,75 @@ _Model = StrictModel
 # Runtime configuration
 
 
-class Resources(_Model):
+class RuntimeGPU(_Model):
+    """GPUs a row asks for: ``count`` of them, of ``type`` (or one of a list of types) if given."""
+
+    type: str | list[str] | None = None
+    count: int = Field(default=1, ge=1)
+
+    @model_validator(mode="after")
+    def _types_are_named(self) -> RuntimeGPU:
+        if self.type is not None and not (self.types and all(self.types)):
+            raise ValueError(f"gpu type must name a GPU type (or a list of them): {self.type!r}")
+        return self
+
+    @property
+    def types(self) -> list[str]:
+        """The acceptable GPU types ([] = any)."""
+        if self.type is None:
+            return []
+        return [self.type] if isinstance(self.type, str) else list(self.type)
+
+
+class RuntimeResources(_Model):
+    """CPU, memory and GPUs a row asks of its substrate.
+
+    ``gpu`` also takes a plain count (the shape before ``RuntimeGPU``; rows, files and recorded
+    workflow histories still carry it): ``gpu=2`` means two GPUs of any type, ``gpu=0`` none.
+    """
+
     cpu: float | None = Field(default=None, gt=0)
     memory_mb: int | None = Field(default=None, gt=0)
-    gpu: int | None = Field(default=None, ge=0)
+    gpu: RuntimeGPU | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _gpu_count(cls, data: Any) -> Any:
+        value = data.get("gpu") if isinstance(data, dict) else None
+        if isinstance(value, bool):
+            raise ValueError("gpu must be a RuntimeGPU(type, count) or a count, not a bool")
+        if isinstance(value, int):
+            if value < 0:
+                raise ValueError(f"a gpu count must be >= 0, not {value}")
+            return {**data, "gpu": {"count": value} if value else None}
+        return data
 
 
-class Limits(_Model):
+class RuntimeLimits(_Model):
+    """How long a substrate may take to answer ``hello``, and to live, in seconds."""
+
     startup_timeout_s: float | None = Field(default=None, gt=0)
     run_timeout_s: float | None = Field(default=None, gt=0)
+
+
+Resources = RuntimeResources
+"""The former name of :class:`RuntimeResources`."""
+Limits = RuntimeLimits
+"""The former name of :class:`RuntimeLimits`."""
 
 
 class RuntimeConfig(_Model):
     """What a row asks of its substrate. A provider rejects any field it cannot honour."""
 
     image: str | None = None
-    resources: Resources = Field(default_factory=Resources)
-    limits: Limits = Field(default_factory=Limits)
+    resources: RuntimeResources = Field(default_factory=RuntimeResources)
+    limits: RuntimeLimits = Field(default_factory=RuntimeLimits)
 
     def set_fields(self) -> set[str]:
-        """Dotted names of every field that is set (``resources.cpu``, ``image`` ...)."""
+        """Dotted names of every field that is set (``resources.cpu``, ``image`` ...).
+
+        A GPU request is ``resources.gpu``, plus ``resources.gpu.type`` when it names a type.
+        """
         out: set[str] = set()
         if self.image is not None:
             out.add("image")
@@ -79,6 +131,8 @@ class RuntimeConfig(_Model):
             for name, value in getattr(self, group).model_dump().items():
                 if value is not None:
                     out.add(f"{group}.{name}")
+        if self.resources.gpu is not None and self.resources.gpu.type is not None:
+            out.add("resources.gpu.type")
         return out
 
 

@@ -29,11 +29,9 @@ if TYPE_CHECKING:
     from fastmcp import FastMCP
 
 
-__all__ = ["MCP_PROTOCOL", "McpService", "add_mcp", "wait_until_listening"]
+__all__ = ["McpService", "add_mcp", "wait_until_listening"]
 
 log = logging.getLogger(__name__)
-
-MCP_PROTOCOL = "mcp/2025-11-25"
 
 
 async def wait_until_listening(
@@ -126,12 +124,7 @@ class McpService:
                 await self.stop()
                 raise
             url = f"http://127.0.0.1:{port}{self.path}"
-        self.capability = Capability(
-            name=self.name,
-            protocol=MCP_PROTOCOL,
-            url=url,
-            params={"transport": "streamable-http"},
-        )
+        self.capability = Capability.mcp(name=self.name, url=url, transport="streamable-http")
         return self.capability
 
     async def _serve(self, sock: socket.socket, port: int) -> None:

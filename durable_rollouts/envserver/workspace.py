@@ -196,20 +196,17 @@ class Workspace:
             config=None,
         )
         port = self._acceptor.sockets[0].getsockname()[1]
-        self.capability = Capability(
+        self.capability = Capability.ssh(
             name=self.name,
-            protocol="ssh/2",
             url=f"ssh://{self.user}@127.0.0.1:{port}",
-            params={
-                "user": self.user,
-                "host_pubkey": host_key.export_public_key().decode().strip(),
-                "client_key": client_key.export_private_key().decode(),
-                "cwd": self._cwd,
-                "shell": self.shell,
-                "isolation": self.isolation,
-                "network": self.network,
-                "timeout_s": self.timeout_s,
-            },
+            user=self.user,
+            host_pubkey=host_key.export_public_key().decode().strip(),
+            client_key=client_key.export_private_key().decode(),
+            cwd=self._cwd,
+            shell=self.shell,
+            isolation=self.isolation,
+            network=self.network,
+            timeout_s=self.timeout_s,
         )
         return self.capability
 

@@ -9,9 +9,21 @@ or the Temporal layers (``tests/test_layering.py``); ``Taskset.run`` reaches
 from __future__ import annotations
 
 from .agents import Agent, load_agent
+from .file_tracking import FileChange, FileChanges, file_tracking_observer
 from .job import GroupStats, Job
 from .run import Run
 from .taskset import Taskset
 from .tracestore import TraceStore
 
-__all__ = ["Agent", "GroupStats", "Job", "Run", "Taskset", "TraceStore", "load_agent"]
+__all__ = [
+    "Agent",
+    "FileChange",
+    "FileChanges",
+    "GroupStats",
+    "Job",
+    "Run",
+    "Taskset",
+    "TraceStore",
+    "file_tracking_observer",
+    "load_agent",
+]

@@ -10,6 +10,9 @@ that tunnels through ``tunnel.open``) and returns a ready client:
 - ``mcp/*``: a connected ``fastmcp.Client``; close with ``await client.close()``.
 - anything else (cdp, rfb, a plain tcp port): an ``(asyncio.StreamReader, StreamWriter)`` pair.
 
+Users reach this through ``await client.open(name)`` (``EnvClient.open``; ``run.open`` is the
+same), which caches the handle per client and closes it with the client. An mcp binding without
+a ``transport`` param (HUD's plain ``Capability(...)`` publishes none) goes by its url scheme.
 A refused or immediately dropped connection is retried a few times with exponential backoff; a
 name the environment does not publish raises :class:`CapabilityNotFoundError` listing what exists.
 Imports asyncssh/fastmcp lazily; never ``envserver``.
@@ -19,22 +22,28 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 from urllib.parse import urlsplit
 
 from ..errors import ConfigError
 from .retry import retry
 
-if TYPE_CHECKING:
-    from .client import EnvClient
-
 __all__ = [
+    "BindingSource",
     "CapabilityNotFoundError",
     "close_capability",
     "find_binding",
     "open_capability",
     "protocol_family",
 ]
+
+
+class BindingSource(Protocol):
+    """What an opener needs of a connected client (``EnvClient`` has it; no import cycle)."""
+
+    bindings: list[dict[str, Any]]
+
+    def binding(self, name: str) -> dict[str, Any]: ...
 
 
 class CapabilityNotFoundError(ConfigError, KeyError):
@@ -68,7 +77,7 @@ def find_binding(bindings: list[dict[str, Any]], name: str) -> dict[str, Any]:
 
 
 async def open_capability(
-    client: EnvClient,
+    client: BindingSource,
     name: str,
     *,
     attempts: int = 4,
@@ -147,6 +156,8 @@ async def _open_ssh(binding: dict[str, Any]) -> Any:
     }
     if params.get("client_key"):
         options["client_keys"] = [asyncssh.import_private_key(params["client_key"])]
+    elif params.get("client_key_path"):  # a HUD binding on a shared filesystem
+        options["client_keys"] = [params["client_key_path"]]
     if params.get("host_pubkey"):
         host_key = asyncssh.import_public_key(params["host_pubkey"])
         options["known_hosts"] = ([host_key], [], [])
@@ -157,13 +168,22 @@ async def _open_ssh(binding: dict[str, Any]) -> Any:
 
 async def _open_mcp(binding: dict[str, Any]) -> Any:
     from fastmcp import Client
-    from fastmcp.client.transports import StreamableHttpTransport
+    from fastmcp.client.transports import SSETransport, StreamableHttpTransport
 
     params = binding.get("params") or {}
     headers = {}
     if params.get("auth_token"):
         headers["Authorization"] = f"Bearer {params['auth_token']}"
-    client = Client(StreamableHttpTransport(binding["url"], headers=headers))
+    # A binding without a transport (HUD's own client infers one too) goes by its url scheme.
+    web = urlsplit(binding["url"]).scheme in ("http", "https")
+    transport = params.get("transport") or ("streamable-http" if web else "websocket")
+    if transport == "sse":
+        client = Client(SSETransport(binding["url"], headers=headers))
+    elif transport == "streamable-http" and web:
+        client = Client(StreamableHttpTransport(binding["url"], headers=headers))
+    else:
+        raise ConfigError(f"mcp capability {binding.get('name')!r}: transport {transport!r} over "
+                          f"{binding['url']!r} is not supported (use streamable-http or sse)")
     try:
         await client.__aenter__()
     except BaseException:

@@ -5,9 +5,10 @@ Calls are serialized by a lock and framed by the shared sans-I/O
 subclasses at once. ``connect`` retries until the server answers ``hello`` (refused, EOF,
 accepted-then-closed and other ``OSError`` mean "not ready yet"). For every binding the client
 opens a loopback forwarder that tunnels through ``tunnel.open``, so ``binding(name)`` returns a
-url reachable from here. ``close()`` does not send ``bye``: the session parks on the server.
+url reachable from here, and ``await open(name)`` a live client for it (cached; closed with the
+client). ``close()`` does not send ``bye``: the session parks on the server.
 
-Imports only the shared protocol/errors modules; never ``envserver``.
+Imports only the shared protocol/errors/streams modules and ``.capabilities``; never ``envserver``.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ from ..protocol import (
     request_frame,
 )
 from ..streams import open_stream, pipe
+from .capabilities import close_capability, find_binding, open_capability
 
 __all__ = ["EnvClient", "connect", "parse_url"]
 
@@ -114,6 +116,8 @@ class EnvClient:
         self._forwarders: dict[str, tuple[asyncio.Server, dict[str, Any]]] = {}
         self._keepalive: asyncio.Task[None] | None = None
         self._tunnels: set[asyncio.Task[Any]] = set()
+        self._opened: dict[str, Any] = {}
+        self._opening = asyncio.Lock()
 
     # -- calls ---------------------------------------------------------------------------------
 
@@ -218,6 +222,30 @@ class EnvClient:
         forwarder = self._forwarders.get(found["name"])
         return dict(forwarder[1]) if forwarder else dict(found)
 
+    async def open(self, name: str) -> Any:
+        """A live client for capability ``name`` (by name, or a protocol family when unambiguous).
+
+        ``ssh/*``: an ``asyncssh.SSHClientConnection``; ``mcp/*``: a connected ``fastmcp.Client``;
+        anything else: an ``(asyncio.StreamReader, asyncio.StreamWriter)`` pair (see
+        :mod:`durable_rollouts.sdk.capabilities`). Opened once per client and binding, then
+        cached; :meth:`close_capabilities` (or :meth:`close`) closes them.
+
+        Raises:
+            CapabilityNotFoundError: the environment publishes no such capability (the message
+                lists the bindings it has).
+        """
+        key = find_binding(self.bindings, name)["name"]
+        async with self._opening:  # two concurrent opens of one binding share one connection
+            if key not in self._opened:
+                self._opened[key] = await open_capability(self, key)
+            return self._opened[key]
+
+    async def close_capabilities(self) -> None:
+        """Close every capability client :meth:`open` handed out (best effort)."""
+        opened, self._opened = self._opened, {}
+        for handle in opened.values():
+            await close_capability(handle)
+
     async def _start_forwarders(self) -> None:
         for binding in self.bindings:
             name = binding.get("name")
@@ -288,6 +316,8 @@ class EnvClient:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._keepalive
         self._keepalive = None
+        if self._opened:
+            await self.close_capabilities()
         self._drop()
         for server, _ in self._forwarders.values():
             server.close()

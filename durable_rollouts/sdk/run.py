@@ -81,7 +81,6 @@ class Run:
     dropped: bool = False
     restored_state: Any = None
     checkpoints: int = 0
-    _opened: dict[str, Any] = field(default_factory=dict, repr=False)
     # Makes a checkpoint durable (the agent activity sends a workflow update); None = local only.
     _checkpointer: Callable[[Checkpoint], Awaitable[None]] | None = field(default=None, repr=False)
     _durable_steps: int = field(default=0, repr=False)  # trace steps already in a checkpoint
@@ -127,25 +126,18 @@ class Run:
         self.restored_state = self._last_state = checkpoint.state
 
     async def open(self, name: str) -> Any:
-        """Open capability ``name`` (an asyncssh connection for ssh, a fastmcp Client for mcp).
+        """Open capability ``name`` through the run's client (see :meth:`EnvClient.open`).
 
-        Opened handles are cached per run and closed when the agent step ends.
+        Opened handles are cached per client and closed when the agent step ends.
         """
         if self.client is None:
             raise InvalidStateError("run.open() needs a connected run (only while the agent runs)")
-        if name not in self._opened:
-            from .capabilities import open_capability
-
-            self._opened[name] = await open_capability(self.client, name)
-        return self._opened[name]
+        return await self.client.open(name)
 
     async def close_capabilities(self) -> None:
         """Close every capability handle opened through :meth:`open`."""
-        from .capabilities import close_capability
-
-        opened, self._opened = self._opened, {}
-        for handle in opened.values():
-            await close_capability(handle)
+        if self.client is not None:
+            await self.client.close_capabilities()
 
     def __post_init__(self) -> None:
         if not self.slug and self.task is not None:

@@ -16,22 +16,12 @@ from durable_rollouts.envserver.mcp import McpService, add_mcp
 from durable_rollouts.errors import EnvError
 from durable_rollouts.sdk.capabilities import close_capability, open_capability
 from durable_rollouts.sdk.client import connect
-
-
-def _calculator() -> FastMCP:
-    server = FastMCP("calc")
-
-    @server.tool
-    def add(a: float, b: float) -> float:
-        """Return a + b."""
-        return a + b
-
-    return server
+from mcp_tools import calculator
 
 
 async def test_an_mcp_tool_is_called_through_the_tunnel() -> None:
     env = Environment(name="calc")
-    env.mcp(_calculator(), name="tools")
+    env.mcp(calculator(), name="tools")
     async with serving(env) as server, await connect(server.url, keepalive_s=None) as client:
         published = env.capability("tools")
         binding = client.binding("tools")
@@ -96,7 +86,7 @@ async def test_an_external_mcp_url_that_never_listens_fails_naming_it() -> None:
 
 
 async def test_the_readiness_wait_polls_instead_of_sleeping() -> None:
-    service = McpService(_calculator(), name="quick")
+    service = McpService(calculator(), name="quick")
     began = time.monotonic()
     cap = await service.start()
     try:

@@ -20,7 +20,7 @@ import pytest
 
 from durable_rollouts.envserver import load_environment
 from durable_rollouts.errors import ProviderError
-from durable_rollouts.models import RuntimeConfig
+from durable_rollouts.models import RuntimeConfig, RuntimeGPU, RuntimeResources
 from durable_rollouts.sdk.client import connect
 from durable_rollouts.sdk.providers.modal import ModalRuntime
 from durable_rollouts.sdk.tokens import substrate_token
@@ -77,6 +77,18 @@ async def test_modal_runtime_creates_a_tunnelled_sandbox_and_terminates_it(fake_
     sandbox = fake_modal.sandboxes[endpoint.handle["sandbox_id"]]
     assert sandbox.proc.poll() is not None
     await runtime.release(endpoint)  # idempotent
+
+
+async def test_a_rows_gpu_type_and_count_win_over_the_providers_default_type(fake_modal):
+    row = ENV.templates["count_letter"]().model_copy(update={"runtime_config": RuntimeConfig(
+        resources=RuntimeResources(gpu=RuntimeGPU(type="A100", count=2)))})
+    runtime = _runtime(gpu_type="T4")
+    endpoint = await runtime.acquire(row, f"modal-{uuid.uuid4().hex[:8]}")
+    try:
+        [(_, _, kwargs)] = _creates(fake_modal)
+        assert kwargs["gpu"] == "A100:2"
+    finally:
+        await runtime.release(endpoint)
 
 
 async def test_a_retried_acquire_reuses_the_sandbox_tagged_with_its_key(fake_modal):

@@ -223,7 +223,10 @@ CONTAINER_FIELDS: frozenset[str] = frozenset(
         "limits.run_timeout_s",
     }
 )
-"""RuntimeConfig fields a container-like substrate (Docker, Modal) can honour."""
+"""RuntimeConfig fields a container-like substrate (Docker, Modal) can honour.
+
+A GPU *type* (``resources.gpu.type``) is not among them: Docker hands out GPUs by count only;
+Modal adds it to its own set."""
 
 
 async def probe_ready(

@@ -213,8 +213,8 @@ class DockerRuntime(DurableProvider):
         if res.memory_mb is not None:
             kwargs["mem_limit"] = f"{res.memory_mb}m"
             kwargs["memswap_limit"] = f"{res.memory_mb}m"
-        if res.gpu:
-            kwargs["device_requests"] = [DeviceRequest(count=res.gpu, capabilities=[["gpu"]])]
+        if res.gpu is not None:  # any type: CONTAINER_FIELDS has no resources.gpu.type
+            kwargs["device_requests"] = [DeviceRequest(count=res.gpu.count, capabilities=[["gpu"]])]
         try:
             return self._docker().containers.run(
                 image,
@@ -234,8 +234,9 @@ class DockerRuntime(DurableProvider):
                     time.sleep(0.1)
             self._remove(name)  # `run` may have created the container before its start failed
             if "could not select device driver" in str(exc):
+                count = res.gpu.count if res.gpu else 0
                 raise ConfigError(
-                    f"this Docker engine cannot give {name} {res.gpu} GPU(s) (no GPU device "
+                    f"this Docker engine cannot give {name} {count} GPU(s) (no GPU device "
                     f"driver, e.g. the NVIDIA container toolkit): {exc}"
                 ) from exc
             raise ProviderError(f"docker could not start {name} from {image!r}: {exc}") from exc

@@ -48,12 +48,13 @@ class ModalRuntime(DurableProvider):
         app_name: the Modal App the sandboxes belong to (created if missing).
         runtime_config: defaults for every task (cpu, memory_mb, gpu count, limits).
         env_vars: extra sandbox environment (never task data).
-        gpu_type: the GPU type requested when ``resources.gpu`` is set.
+        gpu_type: the GPU type requested when ``resources.gpu`` names none (a task's
+            ``RuntimeGPU(type=...)`` wins; Modal takes one type, not a list of choices).
     """
 
     kind: ClassVar[str] = "modal"
     locality: ClassVar[Locality] = "global"
-    honours: ClassVar[frozenset[str]] = CONTAINER_FIELDS
+    honours: ClassVar[frozenset[str]] = CONTAINER_FIELDS | {"resources.gpu.type"}
 
     def __init__(
         self,
@@ -78,6 +79,16 @@ class ModalRuntime(DurableProvider):
         self.env_vars = {str(k): str(v) for k, v in (env_vars or {}).items()}
         self.gpu_type = gpu_type
         self.check_config(self.runtime_config, what="ModalRuntime(runtime_config=...)")
+
+    def check_config(self, config: RuntimeConfig | None, *, what: str = "task") -> None:
+        """The base check, plus: a GPU request names at most one type."""
+        super().check_config(config, what=what)
+        gpu = config.resources.gpu if config is not None else None
+        if gpu is not None and len(gpu.types) > 1:
+            raise ConfigError(
+                f"ModalRuntime cannot honour a choice of GPU types {gpu.types} of {what}: "
+                "a Modal sandbox takes one GPU type"
+            )
 
     def __repr__(self) -> str:
         return f"ModalRuntime({self.image!r}, app_name={self.app_name!r})"
@@ -189,8 +200,8 @@ class ModalRuntime(DurableProvider):
             kwargs["cpu"] = res.cpu
         if res.memory_mb is not None:
             kwargs["memory"] = res.memory_mb
-        if res.gpu:
-            kwargs["gpu"] = f"{self.gpu_type}:{res.gpu}"
+        if res.gpu is not None:
+            kwargs["gpu"] = f"{(res.gpu.types or [self.gpu_type])[0]}:{res.gpu.count}"
         command = self.command or ["rollouts-env"]
         try:
             return await modal.Sandbox.create.aio(
