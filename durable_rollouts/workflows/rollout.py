@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
@@ -155,7 +154,7 @@ class CardRollout(AgentTurns):
         try:
             for step in a.plan.steps:
                 self._phase = self._last_phase = step.phase
-                await self._STEPS[step.step](self, step, a)
+                await getattr(self, f"_{step.step}")(step, a)  # _provision, _connect, ...
             assert a.agent is not None and a.grade is not None
             return outcome.graded(a.inp, a.agent, a.grade)
         except STEP_FAILURES as err:
@@ -259,11 +258,6 @@ class CardRollout(AgentTurns):
                     with contextlib.suppress(*STEP_FAILURES):
                         await self._call(a.plan["verify_close"], opened, None, opened.endpoint, a.plan)
         raise Errored(step.phase, f"verifier substrate gone {a.inp.max_attempts} times: {last}")
-
-    _STEPS: dict[str, Callable[[CardRollout, StepOptions, _Attempt], Awaitable[None]]] = {
-        "provision": _provision, "connect": _connect, "start": _start, "agent": _agent,
-        "grade": _grade, "verify": _verify,
-    }
 
     async def _teardown(self, a: _Attempt) -> None:
         # Runs also after cancellation: a fresh activity started here is not cancelled.

@@ -36,7 +36,9 @@ from durable_rollouts.temporal.batches import start_job
 from durable_rollouts.sdk.providers import LocalRuntime
 from durable_rollouts.sdk.taskset import Taskset
 from durable_rollouts.workflows import Rollout, TasksetRun, rollout_id
-from durable_rollouts.workflows.types import RolloutInput
+from durable_rollouts.workflows.legacy import LegacyRollout
+from durable_rollouts.workflows.rollout import CardRollout
+from durable_rollouts.workflows.types import CARD_LAYOUT, RolloutInput
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -44,20 +46,37 @@ GOLDEN = Path(__file__).resolve().parent / "0.1.0-f54ad67"
 PROBE = "rollouts.upgrade_probe"
 
 
+class _Probe:
+    """One unpatched extra activity before the agent step (unless ``patch_id`` is patched out)."""
+
+    patch_id: str | None = None
+
+    async def _agent(self, *args: Any) -> Any:
+        if self.patch_id is None or workflow.patched(self.patch_id):
+            await workflow.execute_activity(PROBE, start_to_close_timeout=timedelta(seconds=5))
+        return await super()._agent(*args)  # type: ignore[misc]
+
+
+class _ProbeLegacy(_Probe, LegacyRollout):
+    pass
+
+
+class _ProbeCard(_Probe, CardRollout):
+    pass
+
+
 @workflow.defn(name="Rollout")
 class ProbeRollout(Rollout):
-    """Rollout plus one unpatched extra activity before the agent step."""
+    """Rollout plus one unpatched extra activity before the agent step, in either shape."""
 
     patch_id: str | None = None
 
     @workflow.run
     async def run(self, inp: RolloutInput) -> RolloutResult:
-        return await super().run(inp)
-
-    async def _agent(self, *args: Any) -> Any:
-        if self.patch_id is None or workflow.patched(self.patch_id):
-            await workflow.execute_activity(PROBE, start_to_close_timeout=timedelta(seconds=5))
-        return await super()._agent(*args)
+        shape = _ProbeLegacy() if inp.layout < CARD_LAYOUT else _ProbeCard()
+        shape.patch_id = self.patch_id
+        self._shape = shape
+        return await shape.run(inp)
 
 
 @workflow.defn(name="Rollout")
