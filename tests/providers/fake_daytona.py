@@ -203,7 +203,8 @@ class DaytonaStandIn:
                 snap = self._snapshot_dto(body["name"], "pending", body)
                 self.snapshots[body["name"]] = snap
                 return web.json_response(snap)
-            snap = self.snapshots.get(parts[1]) if len(parts) == 2 else None
+            snap = next((s for s in self.snapshots.values()
+                         if len(parts) == 2 and parts[1] in (s["id"], s["name"])), None)
             if snap is None:
                 return _error(404, "snapshot not found")
             reply = dict(snap)

@@ -48,14 +48,14 @@ class _Tunnel:
 
     session_id: str
     server: asyncio.Server | None = None
-    pipes: set[asyncio.Task[None]] = field(default_factory=set)
+    conns: set[asyncio.StreamWriter] = field(default_factory=set)
     refused: BaseException | None = None  # the gateway's last refusal of a tunnel
 
     def close(self) -> None:
         if self.server is not None:
             self.server.close()
-        for pipe in self.pipes:
-            pipe.cancel()
+        for writer in self.conns:  # EOF ends each tunnel's outbound side, and so the tunnel
+            writer.transport.abort()
 
 
 # Live listeners of this process, by rollout key (the reason for locality "process").
@@ -228,9 +228,7 @@ async def _carry(tunnel: _Tunnel, reader: asyncio.StreamReader, writer: asyncio.
     from websockets.asyncio.client import connect
     from websockets.exceptions import InvalidStatus, WebSocketException
 
-    pipe = asyncio.current_task()
-    assert pipe is not None
-    tunnel.pipes.add(pipe)
+    tunnel.conns.add(writer)
     try:
         async with connect(ws_url, additional_headers={"Authorization": f"Bearer {api_key}"},
                            max_size=None, open_timeout=HTTP_TIMEOUT_S) as ws:
@@ -241,7 +239,7 @@ async def _carry(tunnel: _Tunnel, reader: asyncio.StreamReader, writer: asyncio.
     except (OSError, asyncio.TimeoutError, WebSocketException) as exc:
         log.info("HUD tunnel %s closed: %s", tunnel.session_id, exc)
     finally:
-        tunnel.pipes.discard(pipe)
+        tunnel.conns.discard(writer)
         writer.close()
         with suppress(Exception):
             await writer.wait_closed()
