@@ -50,6 +50,7 @@ class HUDStandIn:
         self.sessions: dict[str, HostedEnv] = {}
         self.stopped: list[HostedEnv] = []
         self.tunnels_opened = 0
+        self.refuse_tunnels = False  # answer every tunnel 503, as an overloaded gateway might
         self._ids = itertools.count(1)
         self._home = LoopThread()
 
@@ -119,6 +120,8 @@ class HUDStandIn:
         env = self.sessions.get(request.match_info["id"])
         if env is None:
             return web.json_response({"detail": "no such session"}, status=404)
+        if self.refuse_tunnels:
+            return web.json_response({"detail": "tunnels unavailable"}, status=503)
         ws = web.WebSocketResponse(max_msg_size=0)
         await ws.prepare(request)
         self.tunnels_opened += 1
