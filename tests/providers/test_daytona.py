@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import socket
 import subprocess
 import sys
@@ -85,7 +86,10 @@ def _key() -> str:
     return f"daytona-{uuid.uuid4().hex[:8]}"
 
 
-async def test_acquire_boots_the_snapshot_serves_through_the_ssh_gateway_and_release_deletes(cloud):
+async def test_acquire_boots_the_snapshot_serves_through_the_ssh_gateway_and_release_deletes(
+    cloud, caplog
+):
+    caplog.set_level(logging.INFO, logger="asyncssh")
     runtime = _runtime(cloud)
     key = _key()
     endpoint = await runtime.acquire(_task(), key)
@@ -111,6 +115,9 @@ async def test_acquire_boots_the_snapshot_serves_through_the_ssh_gateway_and_rel
             await client.start_task("count_letter", {"word": "banana", "letter": "a"})
             assert (await client.grade("3"))["score"] == 1.0
         assert ("127.0.0.1", runtime.port) in cloud.forwards  # through the gateway
+        [ssh_token] = cloud.ssh_tokens
+        assert "Auth for user <daytona-ssh-token> succeeded" in caplog.text
+        assert ssh_token not in caplog.text  # the access token is the SSH user name
     finally:
         await runtime.release(endpoint)
     assert cloud.sandbox_named(container_name(key)) is None and proc.poll() is not None

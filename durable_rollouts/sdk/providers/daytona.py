@@ -37,7 +37,16 @@ from ...models import Endpoint, ProviderSpec, RuntimeConfig, Task
 from ...protocol import SERVE_PORT_ANNOUNCEMENT
 from ..labels import owner_labels
 from ..tokens import derived_params, substrate_token
-from .base import DurableProvider, Locality, container_name, merge_config, probe_ready
+from .base import (
+    CONTAINER_FIELDS,
+    DurableProvider,
+    Locality,
+    as_config,
+    config_options,
+    container_name,
+    merge_config,
+    probe_ready,
+)
 from .daytona_sdk import (
     MANAGED_LABEL,
     STARTING_STATES,
@@ -63,14 +72,34 @@ _POLL_S = 0.25
 _SSH_KEEPALIVE_S = 30
 
 
+class _RedactTokens(logging.Filter):
+    """Keeps live SSH access tokens (the gateway's user names) out of asyncssh's log lines."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.tokens: set[str] = set()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if isinstance(record.args, tuple) and any(a in self.tokens for a in record.args
+                                                  if isinstance(a, str)):
+            record.args = tuple("<daytona-ssh-token>" if isinstance(a, str) and a in self.tokens
+                                else a for a in record.args)
+        return True
+
+
+_REDACT = _RedactTokens()
+
+
 @dataclass
 class _Forward:
     conn: Any
     listener: Any
+    token: str
 
     def close(self) -> None:
         self.listener.close()
         self.conn.close()
+        _REDACT.tokens.discard(self.token)
 
 
 # Live forwards of this process, by rollout key (the reason for locality "process").
@@ -98,16 +127,7 @@ class DaytonaRuntime(DurableProvider):
 
     kind: ClassVar[str] = "daytona"
     locality: ClassVar[Locality] = "process"
-    honours: ClassVar[frozenset[str]] = frozenset(
-        {
-            "image",
-            "resources.cpu",
-            "resources.memory_mb",
-            "resources.gpu",
-            "limits.startup_timeout_s",
-            "limits.run_timeout_s",
-        }
-    )
+    honours: ClassVar[frozenset[str]] = CONTAINER_FIELDS
 
     def __init__(
         self,
@@ -124,11 +144,7 @@ class DaytonaRuntime(DurableProvider):
         self.snapshot_name, self.image, self.command = snapshot_name, image, command
         self.workdir, self.port = workdir, int(port)
         self.ssh_host, self.ssh_expires_minutes = ssh_host, int(ssh_expires_minutes)
-        self.runtime_config = (
-            RuntimeConfig.model_validate(runtime_config)
-            if isinstance(runtime_config, dict)
-            else runtime_config
-        )
+        self.runtime_config = as_config(runtime_config)
         self.check_config(self.runtime_config, what="DaytonaRuntime(runtime_config=...)")
         if snapshot_name is None and image is None and not (
             self.runtime_config and self.runtime_config.image
@@ -151,11 +167,8 @@ class DaytonaRuntime(DurableProvider):
             "port": self.port,
             "ssh_host": self.ssh_host,
             "ssh_expires_minutes": self.ssh_expires_minutes,
+            **config_options(self.runtime_config),
         }
-        if self.runtime_config is not None:
-            options["runtime_config"] = self.runtime_config.model_dump(
-                mode="json", exclude_none=True
-            )
         return ProviderSpec(kind=self.kind, options=options)
 
     @classmethod
@@ -285,7 +298,8 @@ class DaytonaRuntime(DurableProvider):
                 log.info("building Daytona snapshot %s from %s", name, self.image)
                 with suppress(DaytonaConflictError):  # another process is building it
                     await daytona.snapshot.create(
-                        CreateSnapshotParams(name=name, image=self.image, resources=resources)
+                        CreateSnapshotParams(name=name, image=self.image, resources=resources),
+                        timeout=startup,
                     )
                 await snapshot_ready(daytona, name, startup)
                 return
@@ -360,22 +374,27 @@ class DaytonaRuntime(DurableProvider):
         access = await sandbox.create_ssh_access(expires_in_minutes=self.ssh_expires_minutes)
         host, port = self._ssh_address()
         known_hosts = os.environ.get(KNOWN_HOSTS_ENV) or None
+        logging.getLogger("asyncssh").addFilter(_REDACT)  # idempotent
+        _REDACT.tokens.add(access.token)
         try:
             conn = await asyncssh.connect(
                 host, port, username=access.token, known_hosts=known_hosts, client_keys=[],
                 agent_path=None, keepalive_interval=_SSH_KEEPALIVE_S,
             )
         except (asyncssh.PermissionDenied, asyncssh.HostKeyNotVerifiable) as exc:
+            _REDACT.tokens.discard(access.token)
             raise ConfigError(f"Daytona SSH gateway {self.ssh_host} refused: {exc}") from exc
         except (OSError, asyncssh.Error) as exc:
+            _REDACT.tokens.discard(access.token)
             raise ProviderError(f"cannot reach Daytona SSH gateway {self.ssh_host}: {exc}") from exc
         try:
             listener = await conn.forward_local_port("127.0.0.1", 0, "127.0.0.1", remote_port)
         except BaseException:
             conn.close()
+            _REDACT.tokens.discard(access.token)
             raise
         _close_forward(key)
-        _FORWARDS[key] = _Forward(conn, listener)
+        _FORWARDS[key] = _Forward(conn, listener, access.token)
         return f"tcp://127.0.0.1:{listener.get_port()}"
 
     async def release(self, endpoint: Endpoint) -> None:
