@@ -243,6 +243,14 @@ async def test_rejected_credentials_are_a_config_error(cloud, monkeypatch):
         await _runtime(cloud).acquire(_task(), _key())
 
 
+async def test_a_missing_daytona_package_is_a_config_error(monkeypatch):
+    monkeypatch.setitem(sys.modules, "daytona", None)  # as if not installed
+    monkeypatch.setenv("DAYTONA_API_KEY", "set")
+    with pytest.raises(ConfigError, match=r"durable-rollouts\[daytona\]"):
+        await DaytonaRuntime("snap").acquire(_task(), _key())
+    assert DaytonaRuntime.list_substrates() == []  # gc goes on without it
+
+
 _ABANDON = """
 import asyncio, os, sys
 from durable_rollouts.envserver import load_environment

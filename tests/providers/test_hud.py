@@ -11,6 +11,7 @@ own side (its env deployment, its wire details beyond these calls).
 from __future__ import annotations
 
 import json
+import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -49,9 +50,7 @@ def gateway(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[HUDStan
     monkeypatch.setenv("HUD_API_KEY", API_KEY)
     monkeypatch.setenv("HUD_RUNTIME_URL", standin.url)
     yield standin
-    for tunnel in hud_module._TUNNELS.values():
-        tunnel.close()
-    hud_module._TUNNELS.clear()
+    hud_module._TUNNELS.clear()  # each test releases what it acquired; their loop is gone now
     standin.stop()
 
 
@@ -150,6 +149,13 @@ async def test_a_refused_tunnel_fails_the_acquire_fast_and_deletes_the_session(g
     with pytest.raises(ProviderError, match="refused the tunnel"):
         await HUDRuntime(ready_timeout=30).acquire(_task(), _key())
     assert not gateway.sessions and len(gateway.stopped) == 1 and not hud_module._TUNNELS
+
+
+async def test_a_missing_websockets_package_is_a_config_error(gateway, monkeypatch):
+    monkeypatch.setitem(sys.modules, "websockets", None)  # as if not installed
+    with pytest.raises(ConfigError, match=r"durable-rollouts\[hud\]"):
+        await HUDRuntime().acquire(_task(), _key())
+    assert not gateway.calls
 
 
 def test_spec_round_trips_carries_no_key_and_the_cli_names_it(monkeypatch):

@@ -118,6 +118,12 @@ class HUDRuntime(DurableProvider):
     async def acquire(self, task: Task, key: str) -> Endpoint:
         """Open (or reuse) ``key``'s session of the hosted env and a local tunnel to it."""
         self.check_task(task)
+        try:
+            import websockets  # noqa: F401 - the tunnels need it: fail here, not in each one
+        except ImportError as exc:
+            raise ConfigError(
+                "HUDRuntime needs the 'websockets' package: pip install 'durable-rollouts[hud]'"
+            ) from exc
         base, api_key = self._base(), self._api_key()
         tunnel = _TUNNELS.get(key)
         if tunnel is None:
