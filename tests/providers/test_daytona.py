@@ -72,7 +72,8 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _runtime(cloud: DaytonaStandIn, snapshot: str | None = SNAPSHOT, **kw: object) -> DaytonaRuntime:
+def _runtime(cloud: DaytonaStandIn, snapshot: str | None = SNAPSHOT,
+             **kw: object) -> DaytonaRuntime:
     kw.setdefault("workdir", str(LETTERS))
     kw.setdefault("port", _free_port())  # the stand-in's sandboxes share this machine's ports
     return DaytonaRuntime(snapshot, ssh_host=cloud.ssh_host, **kw)  # type: ignore[arg-type]
@@ -109,7 +110,8 @@ async def test_acquire_boots_the_snapshot_serves_through_the_ssh_gateway_and_rel
             daytona_module.SESSION].values()]
         assert command == (f"cd {LETTERS} && python -m durable_rollouts.envserver env.py "
                            f"--host 127.0.0.1 --port {runtime.port}")
-        assert endpoint.url.startswith("tcp://127.0.0.1:") and endpoint.handle["remote_port"] == runtime.port
+        assert endpoint.url.startswith("tcp://127.0.0.1:")
+        assert endpoint.handle["remote_port"] == runtime.port
         assert int(endpoint.url.rsplit(":", 1)[1]) != runtime.port  # a forward, not the server
         async with await connect(endpoint.url, token=substrate_token(key)) as client:
             await client.start_task("count_letter", {"word": "banana", "letter": "a"})
@@ -177,7 +179,8 @@ async def test_a_missing_snapshot_is_built_from_the_image_with_the_resources(clo
     endpoint = await runtime.acquire(_task(), _key())
     try:
         [snapshot] = cloud.posted("/api/snapshots")
-        assert snapshot["name"] == "fresh-snap" and snapshot["imageName"] == "registry.example/letters:1"
+        assert snapshot["name"] == "fresh-snap"
+        assert snapshot["imageName"] == "registry.example/letters:1"
         assert (snapshot["cpu"], snapshot["memory"], snapshot["gpu"]) == (2, 2, 1)
         [created] = cloud.posted("/api/sandbox")
         assert created["snapshot"] == "fresh-snap" and created["ttlMinutes"] == 12

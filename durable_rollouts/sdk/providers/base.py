@@ -12,7 +12,8 @@ Providers also reject ``RuntimeConfig`` fields they cannot honour (``check_confi
 provider that leaves something running lists and reaps its own substrates for gc
 (``list_substrates()`` -> ``Substrate``s, ``reap(substrate, confirm)``), so gc never knows a
 provider's internals. This module imports models and errors only; each provider lives in its own
-module; helpers two providers share (``container_name``, ``merge_config``, ``as_config``...) live here.
+module; helpers two providers share (``container_name``, ``merge_config``, ``as_config`` ...)
+live here.
 """
 
 from __future__ import annotations

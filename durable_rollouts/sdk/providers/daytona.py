@@ -181,7 +181,9 @@ class DaytonaRuntime(DurableProvider):
         if not sep:
             return self.ssh_host, 22
         if not host or not port.isdigit():
-            raise ConfigError(f"DaytonaRuntime ssh_host {self.ssh_host!r}: expected HOST or HOST:PORT")
+            raise ConfigError(
+                f"DaytonaRuntime ssh_host {self.ssh_host!r}: expected HOST or HOST:PORT"
+            )
         return host, int(port)
 
     def _serve_command(self) -> str:

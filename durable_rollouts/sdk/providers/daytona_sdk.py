@@ -101,9 +101,8 @@ async def snapshot_ready(daytona: Any, name: str, timeout: float) -> Any | None:
         if state == "active":
             return snapshot
         if state in ("error", "build_failed", "inactive"):
-            raise ProviderError(
-                f"Daytona snapshot {name!r} is {state}: {snapshot.error_reason or 'no reason given'}"
-            )
+            reason = snapshot.error_reason or "no reason given"
+            raise ProviderError(f"Daytona snapshot {name!r} is {state}: {reason}")
         if asyncio.get_running_loop().time() > deadline:
             raise ProviderError(f"Daytona snapshot {name!r} still {state} after {timeout:g}s")
         await asyncio.sleep(1.0)
@@ -127,8 +126,10 @@ async def _labelled(kind: str) -> list[Substrate]:
         async for sb in daytona.list(query):
             labels = dict(sb.labels or {})
             owner = labels.get(LABEL_OWNER, "")
+            state = state_of(sb)
             out.append(Substrate(
-                kind, labels, {"sandbox_id": sb.id, "name": sb.name}, alive=state_of(sb) == "started" or state_of(sb) in STARTING_STATES,
+                kind, labels, {"sandbox_id": sb.id, "name": sb.name},
+                alive=state == "started" or state in STARTING_STATES,
                 owner_gone=labels.get(LABEL_HOST) == host and owner.isdigit()
                 and not pid_alive(int(owner)),
             ))

@@ -104,7 +104,8 @@ class HUDRuntime(DurableProvider):
         return cls(**options)
 
     def _base(self) -> str:
-        return (self.runtime_url or os.environ.get(RUNTIME_URL_ENV) or DEFAULT_RUNTIME_URL).rstrip("/")
+        base = self.runtime_url or os.environ.get(RUNTIME_URL_ENV) or DEFAULT_RUNTIME_URL
+        return base.rstrip("/")
 
     @staticmethod
     def _api_key() -> str:
@@ -176,7 +177,8 @@ class HUDRuntime(DurableProvider):
     # -- the gateway's HTTP API -----------------------------------------------------------------
 
     async def _create_session(self, base: str, api_key: str, environment: str) -> str:
-        body = await _call("POST", f"{base}/runtime/sessions", api_key, {"environment": environment})
+        body = await _call("POST", f"{base}/runtime/sessions", api_key,
+                           {"environment": environment})
         session_id = body.get("id") if isinstance(body, dict) else None
         if not isinstance(session_id, str) or not session_id:
             raise ProviderError(f"HUD runtime gateway {base} answered no session id: {body!r}")
@@ -198,7 +200,9 @@ async def _call(method: str, url: str, api_key: str, payload: dict[str, Any] | N
                 method, url, json=payload, headers={"Authorization": f"Bearer {api_key}"}
             )
     except httpx.HTTPError as exc:
-        raise ProviderError(f"cannot reach the HUD runtime gateway ({method} {url}): {exc}") from exc
+        raise ProviderError(
+            f"cannot reach the HUD runtime gateway ({method} {url}): {exc}"
+        ) from exc
     if resp.status_code == 404 and missing_ok:
         return None
     if resp.status_code in (401, 403):
@@ -214,7 +218,8 @@ def _ws_base(base: str) -> str:
     parts = urlsplit(base.rstrip("/"))
     if parts.scheme not in ("http", "https") or not parts.netloc:
         raise ConfigError(f"HUDRuntime runtime_url {base!r}: expected http(s)://HOST[/PATH]")
-    return urlunsplit(("wss" if parts.scheme == "https" else "ws", parts.netloc, parts.path, "", ""))
+    scheme = "wss" if parts.scheme == "https" else "ws"
+    return urlunsplit((scheme, parts.netloc, parts.path, "", ""))
 
 
 async def _refusal(tunnel: _Tunnel) -> str | None:
@@ -224,7 +229,9 @@ async def _refusal(tunnel: _Tunnel) -> str | None:
         return None
     status = getattr(getattr(exc, "response", None), "status_code", None)
     if status in (401, 403):
-        raise ConfigError(f"the HUD runtime gateway refused ${API_KEY_ENV} for the tunnel ({status})")
+        raise ConfigError(
+            f"the HUD runtime gateway refused ${API_KEY_ENV} for the tunnel ({status})"
+        )
     return f"the HUD runtime gateway refused the tunnel of session {tunnel.session_id}: {exc}"
 
 
