@@ -28,6 +28,7 @@ import logging
 import math
 import os
 import shlex
+from collections.abc import Awaitable, Callable
 from contextlib import suppress
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -41,6 +42,7 @@ from .base import (
     CONTAINER_FIELDS,
     DurableProvider,
     Locality,
+    Substrate,
     as_config,
     config_options,
     container_name,
@@ -415,12 +417,12 @@ class DaytonaRuntime(DurableProvider):
     # -- gc: the labelled sandboxes of this Daytona organisation ------------------------------
 
     @classmethod
-    def list_substrates(cls) -> list[Any]:
+    def list_substrates(cls) -> list[Substrate]:
         """Every sandbox labelled by this provider ([] when Daytona is not configured)."""
         return list_sandboxes(cls.kind)
 
     @classmethod
-    async def reap(cls, substrate: Any, confirm: Any) -> bool:
+    async def reap(cls, substrate: Substrate, confirm: Callable[[], Awaitable[bool]]) -> bool:
         """Delete the sandbox once ``confirm()`` agrees (a gone one counts as removed)."""
         if not await confirm():
             return False
