@@ -27,7 +27,9 @@ if TYPE_CHECKING:
     from .sdk.job import Job
     from .sdk.lifetime import session
     from .sdk.providers import LocalRuntime, Runtime, SubprocessRuntime
+    from .sdk.providers.daytona import DaytonaRuntime
     from .sdk.providers.docker import DockerRuntime
+    from .sdk.providers.hud import HUDRuntime
     from .sdk.providers.modal import ModalRuntime
     from .sdk.providers.ssh import SSHRuntime
     from .sdk.run import Run
@@ -37,9 +39,11 @@ __all__ = [
     "Agent",
     "Answer",
     "Capability",
+    "DaytonaRuntime",
     "DockerRuntime",
     "Environment",
     "Grade",
+    "HUDRuntime",
     "Job",
     "LocalRuntime",
     "ModalRuntime",
@@ -63,9 +67,11 @@ _WHERE = {
     "Agent": "durable_rollouts.sdk.agents",
     "Answer": "durable_rollouts.envserver",
     "Capability": "durable_rollouts.envserver",
+    "DaytonaRuntime": "durable_rollouts.sdk.providers.daytona",
     "DockerRuntime": "durable_rollouts.sdk.providers.docker",
     "Environment": "durable_rollouts.envserver",
     "Grade": "durable_rollouts.models",
+    "HUDRuntime": "durable_rollouts.sdk.providers.hud",
     "Job": "durable_rollouts.sdk.job",
     "LocalRuntime": "durable_rollouts.sdk.providers",
     "ModalRuntime": "durable_rollouts.sdk.providers.modal",

@@ -27,7 +27,10 @@ __all__ = [
     "ssh_key_default",
 ]
 
-RUNTIME_KINDS = "local[:ENV.py], subprocess[:ENV.py], docker:IMAGE, ssh://USER@HOST[:PORT]/WORKDIR, tcp://HOST:PORT"
+RUNTIME_KINDS = (
+    "local[:ENV.py], subprocess[:ENV.py], docker:IMAGE, modal:IMAGE, daytona:SNAPSHOT, hud[:ENV], "
+    "ssh://USER@HOST[:PORT]/WORKDIR, tcp://HOST:PORT"
+)
 
 
 def parse_json_object(raw: str | None, option: str) -> dict[str, Any]:
@@ -179,6 +182,12 @@ def parse_runtime(spec: str) -> Any:
         if not rest:
             raise ConfigError("--runtime modal:IMAGE needs an image name")
         return _optional_provider("modal", "ModalRuntime", "modal")(rest)
+    if kind == "daytona":
+        if not rest:
+            raise ConfigError("--runtime daytona:SNAPSHOT needs a Daytona snapshot name")
+        return _optional_provider("daytona", "DaytonaRuntime", "daytona")(rest)
+    if kind == "hud":
+        return _optional_provider("hud", "HUDRuntime", "hud")(environment=rest or None)
     raise ConfigError(f"unknown runtime {spec!r}; use one of: {RUNTIME_KINDS}")
 
 

@@ -40,3 +40,26 @@ class MarkingSleepAgent(_agent_base()):  # type: ignore[misc]
             fh.write(f"{os.getpid()} {run.rollout_id}\n")
         await asyncio.sleep(self.seconds)
         run.trace.content = self.answer
+
+
+class LoopThread:
+    """An event loop running in a daemon thread: the home of a test's stand-in servers, so
+    blocking test code (or a provider's blocking gc listing) cannot stall them."""
+
+    def __init__(self) -> None:
+        import asyncio
+        import threading
+
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self._thread.start()
+
+    def run(self, coro, timeout: float = 30):  # type: ignore[no-untyped-def]
+        """Run ``coro`` on the loop and return its result."""
+        import asyncio
+
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+
+    def close(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(10)

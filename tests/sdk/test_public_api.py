@@ -17,7 +17,8 @@ REPO = Path(__file__).resolve().parents[2]
 def test_design_names_are_exported_and_sorted() -> None:
     expected = {"Environment", "Answer", "Capability", "Task", "Taskset", "Job", "Run", "Agent",
                 "Runtime", "LocalRuntime", "SubprocessRuntime", "RuntimeConfig", "session",
-                "RuntimeGPU", "RuntimeResources", "RuntimeLimits", "file_tracking_observer"}
+                "RuntimeGPU", "RuntimeResources", "RuntimeLimits", "file_tracking_observer",
+                "DaytonaRuntime", "HUDRuntime"}
     assert expected <= set(durable_rollouts.__all__)
     for module in (durable_rollouts, durable_rollouts.sdk, durable_rollouts.sdk.providers, durable_rollouts.graders):
         assert module.__all__ == sorted(module.__all__), module.__name__

@@ -30,7 +30,7 @@ __all__ = [
 ]
 
 def _lazy(module: str, cls: str) -> Callable[[dict[str, Any]], DurableProvider]:
-    # docker/ssh/modal load on first use, so importing this package imports no optional SDK.
+    # docker/ssh/modal/daytona/hud load on first use, so importing this package imports no optional SDK.
     return lambda options: getattr(importlib.import_module(f"{__name__}.{module}"), cls).from_options(options)
 
 
@@ -41,11 +41,14 @@ _KINDS: dict[str, Callable[[dict[str, Any]], DurableProvider]] = {
     "docker": _lazy("docker", "DockerRuntime"),
     "ssh": _lazy("ssh", "SSHRuntime"),
     "modal": _lazy("modal", "ModalRuntime"),
+    "daytona": _lazy("daytona", "DaytonaRuntime"),
+    "hud": _lazy("hud", "HUDRuntime"),
 }
 
 
 _BUILT_IN = (Runtime, LocalRuntime, SubprocessRuntime)
-_OPTIONAL = (("docker", "DockerRuntime"), ("ssh", "SSHRuntime"), ("modal", "ModalRuntime"))
+_OPTIONAL = (("docker", "DockerRuntime"), ("ssh", "SSHRuntime"), ("modal", "ModalRuntime"),
+             ("daytona", "DaytonaRuntime"), ("hud", "HUDRuntime"))
 
 
 def provider_classes() -> list[type[DurableProvider]]:

@@ -12,7 +12,8 @@ Providers also reject ``RuntimeConfig`` fields they cannot honour (``check_confi
 provider that leaves something running lists and reaps its own substrates for gc
 (``list_substrates()`` -> ``Substrate``s, ``reap(substrate, confirm)``), so gc never knows a
 provider's internals. This module imports models and errors only; each provider lives in its own
-module; helpers two providers share (``container_name``, ``merge_config``) live here.
+module; helpers two providers share (``container_name``, ``merge_config``, ``as_config`` ...)
+live here.
 """
 
 from __future__ import annotations
@@ -32,8 +33,8 @@ from ...models import Endpoint, ProviderSpec, RuntimeConfig, Task
 from ..paths import safe_name
 from ..tokens import TOKEN_FROM, endpoint_token, token_rejected
 
-__all__ = ["DurableProvider", "Locality", "Runtime", "Substrate", "container_name", "log_tail",
-           "merge_config"]
+__all__ = ["DurableProvider", "Locality", "Runtime", "Substrate", "as_config", "config_options",
+           "container_name", "log_tail", "merge_config"]
 
 Locality = Literal["process", "host", "global"]
 
@@ -59,6 +60,18 @@ def container_name(key: str) -> str:
     """A valid, collision-free container/sandbox name for a rollout key."""
     digest = hashlib.sha1(key.encode()).hexdigest()[:10]
     return f"rollouts-{safe_name(key)[:80]}-{digest}"
+
+
+def as_config(value: RuntimeConfig | dict[str, Any] | None) -> RuntimeConfig | None:
+    """A provider's ``runtime_config=`` argument (a model, its dict, or None) as a model."""
+    return RuntimeConfig.model_validate(value) if isinstance(value, dict) else value
+
+
+def config_options(config: RuntimeConfig | None) -> dict[str, Any]:
+    """``{"runtime_config": ...}`` for a provider spec's options ({} without a config)."""
+    if config is None:
+        return {}
+    return {"runtime_config": config.model_dump(mode="json", exclude_none=True)}
 
 
 def merge_config(base: RuntimeConfig | None, override: RuntimeConfig | None) -> RuntimeConfig:
