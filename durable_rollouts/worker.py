@@ -42,7 +42,6 @@ from durable_rollouts.activities.owner import OwnerInterceptor
 from durable_rollouts.release import worker_identity
 from durable_rollouts.sdk.board import BOARD
 from durable_rollouts.sdk.tracestore import TraceStore
-from durable_rollouts.temporal.activations import activation_executor
 from durable_rollouts.temporal.eviction import evict_cached
 from durable_rollouts.temporal.storage import storage_url
 from durable_rollouts.workflows import Rollout, TasksetRun
@@ -163,8 +162,6 @@ def build_worker(client: Client, *, task_queue: str = DEFAULT_TASK_QUEUE, host_q
         sandbox: run workflows in temporalio's sandbox or unsandboxed (faster); None reads
             ``ROLLOUTS_WORKFLOW_SANDBOX`` (default off: these workflows import only pure models,
             and the purity and replay tests guard them; the sandbox costs ~30% worker CPU).
-            ``ROLLOUTS_INLINE_ACTIVATIONS=1`` runs unsandboxed activations inline on this event
-            loop instead of temporalio's thread pool (``temporal.activations``, opt-in).
         identity: the Temporal worker identity; default ``durable-rollouts <version> (<commit>)
             <pid>@<host>``, so a failed workflow task (e.g. non-determinism) names the release.
         gc_every_s: remove orphaned substrates every this many seconds while running, asking
@@ -198,7 +195,6 @@ def build_worker(client: Client, *, task_queue: str = DEFAULT_TASK_QUEUE, host_q
         max_concurrent_workflow_tasks=max_concurrent_workflow_tasks,
         workflow_task_poller_behavior=PollerBehaviorSimpleMaximum(maximum=WORKFLOW_TASK_POLLS),
         nonsticky_to_sticky_poll_ratio=NONSTICKY_POLL_RATIO,
-        workflow_task_executor=activation_executor(sandbox),  # opt-in: inline on this loop
         sticky_queue_schedule_to_start_timeout=timedelta(seconds=5),
         **{**common, "interceptors": [*common["interceptors"], _Board()]},
     )]

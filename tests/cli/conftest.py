@@ -1,7 +1,7 @@
 """Fixtures of the CLI tests: one embedded Temporal dev server per session.
 
 The session's ``$ROLLOUTS_HOME`` (a temp dir, see tests/conftest.py) gets the embedded dev server
-started by ``sdk.temporal.ensure_dev_server`` (Web UI on): exactly the server that ``rollouts``
+started by ``temporal.connection.ensure_dev_server`` (Web UI on): exactly the server that ``rollouts``
 commands without ``--temporal`` reuse. It is stopped at the end of the session.
 """
 
