@@ -24,6 +24,7 @@ from typing import Any
 
 from rich.console import Console
 
+from ..processes import pid_alive
 from ..sdk.paths import rollouts_home
 
 __all__ = [
@@ -40,8 +41,10 @@ def _running_server() -> dict[str, Any] | None:
     """The embedded server recorded in ``$ROLLOUTS_HOME/temporal.json`` if it still answers."""
     try:
         state = json.loads((rollouts_home() / "temporal.json").read_text())
-        os.kill(int(state["pid"]), 0)
+        alive = pid_alive(int(state["pid"]))
     except (OSError, ValueError, KeyError, TypeError):
+        return None
+    if not alive:
         return None
     with socket.socket() as sock:
         sock.settimeout(0.5)

@@ -22,8 +22,8 @@ import contextlib
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
+from ..backoff import retry
 from ..errors import ConfigError
-from .retry import retry
 
 if TYPE_CHECKING:
     from .client import EnvClient

@@ -25,7 +25,7 @@ from durable_rollouts.models import Endpoint, Task
 from durable_rollouts import gc
 from durable_rollouts.gc import orphans as gc_orphans
 from durable_rollouts.temporal.batches import start_job
-from durable_rollouts.sdk.procs import pid_alive
+from durable_rollouts.processes import pid_alive
 from durable_rollouts.sdk.providers import SubprocessRuntime
 from durable_rollouts.sdk.providers.subprocess import substrate_dir
 from durable_rollouts.sdk.taskset import Taskset
