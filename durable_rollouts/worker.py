@@ -1,4 +1,8 @@
-"""Build and run the Temporal worker: every workflow and activity, listed explicitly.
+"""Build and run the Temporal worker: every workflow and activity, listed explicitly, once.
+
+``worker_parts(queues)`` is the one list of what a worker of this package registers (workflows,
+activities, interceptors); ``build_worker`` and ``temporal.plugin.RolloutsPlugin`` both use it, and
+both run on a client with ``temporal.codec.data_converter()``.
 
 ``build_worker(client, task_queue=..., host_queue=..., process_queue=...)`` returns a
 ``RolloutWorker`` polling the shared queue (workflows + activities) and, when different, this
@@ -22,7 +26,8 @@ import os
 import signal
 import socket
 from datetime import timedelta
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any, Self
 
 from temporalio import workflow
@@ -47,8 +52,8 @@ from durable_rollouts.temporal.storage import storage_url
 from durable_rollouts.workflows import Rollout, TasksetRun
 from durable_rollouts.workflows.types import DEFAULT_TASK_QUEUE
 
-__all__ = ["DEFAULT_GC_EVERY_S", "RolloutWorker", "build_worker", "host_queue_name", "main",
-           "process_queue_name", "run_worker"]
+__all__ = ["DEFAULT_GC_EVERY_S", "RolloutWorker", "WorkerParts", "build_worker", "host_queue_name",
+           "main", "process_queue_name", "run_worker", "worker_parts"]
 
 log = logging.getLogger(__name__)
 
@@ -143,6 +148,32 @@ class RolloutWorker:
         await self.shutdown()
 
 
+@dataclass(frozen=True)
+class WorkerParts:
+    """What a worker of this package registers, for the queues it polls."""
+
+    workflows: list[type]  # on the shared queue
+    activities: list[Callable[..., Any]]  # on the shared queue: every step and taskset activity
+    step_activities: list[Callable[..., Any]]  # on a host's / process's own queue: the steps
+    interceptors: list[Interceptor]  # outermost first, on every queue
+
+
+def worker_parts(queues: Queues, *, trace_store: TraceStore | None = None,
+                 interceptors: Sequence[Interceptor] = ()) -> WorkerParts:
+    """The one list of workflows, activities and interceptors of a durable-rollouts worker.
+
+    ``interceptors`` (e.g. the test suite's fault injection) run outside the package's own: the
+    ``OwnerInterceptor`` (substrate owner labels for gc) and the progress-board interceptor.
+    """
+    rollout = RolloutActivities(queues, trace_store=trace_store)
+    return WorkerParts(
+        workflows=list(WORKFLOWS),
+        activities=[*rollout.all(), *TasksetActivities().all()],
+        step_activities=rollout.all(),
+        interceptors=[*interceptors, OwnerInterceptor(), _Board()],
+    )
+
+
 def build_worker(client: Client, *, task_queue: str = DEFAULT_TASK_QUEUE, host_queue: str | None = None,
                  process_queue: str | None = None, max_concurrent_activities: int = 500,
                  max_concurrent_workflow_tasks: int | None = None, trace_store: TraceStore | None = None,
@@ -176,8 +207,7 @@ def build_worker(client: Client, *, task_queue: str = DEFAULT_TASK_QUEUE, host_q
     if sandbox is None:
         sandbox = os.environ.get("ROLLOUTS_WORKFLOW_SANDBOX", "0") not in ("0", "false", "no")
     queues = Queues(shared=task_queue, host=host_queue, process=process_queue)
-    rollout = RolloutActivities(queues, trace_store=trace_store)
-    activities = [*rollout.all(), *TasksetActivities().all()]
+    parts = worker_parts(queues, trace_store=trace_store, interceptors=interceptors)
     runner = SandboxedWorkflowRunner(
         restrictions=SandboxRestrictions.default.with_passthrough_modules("durable_rollouts"))
     common: dict[str, Any] = {
@@ -187,19 +217,19 @@ def build_worker(client: Client, *, task_queue: str = DEFAULT_TASK_QUEUE, host_q
         "default_heartbeat_throttle_interval": HEARTBEAT_THROTTLE,
         "graceful_shutdown_timeout": timedelta(seconds=graceful_shutdown_s),
         "identity": identity or worker_identity(),  # names the release in every task it fails
-        "interceptors": [*interceptors, OwnerInterceptor()],
+        "interceptors": parts.interceptors,
     }
     workers = [Worker(
-        client, task_queue=task_queue, workflows=WORKFLOWS, activities=activities,
+        client, task_queue=task_queue, workflows=parts.workflows, activities=parts.activities,
         workflow_runner=runner if sandbox else _unsandboxed(),
         max_concurrent_workflow_tasks=max_concurrent_workflow_tasks,
         workflow_task_poller_behavior=PollerBehaviorSimpleMaximum(maximum=WORKFLOW_TASK_POLLS),
         nonsticky_to_sticky_poll_ratio=NONSTICKY_POLL_RATIO,
         sticky_queue_schedule_to_start_timeout=timedelta(seconds=5),
-        **{**common, "interceptors": [*common["interceptors"], _Board()]},
+        **common,
     )]
     for queue in queues.extra:
-        workers.append(Worker(client, task_queue=queue, activities=rollout.all(), **common))
+        workers.append(Worker(client, task_queue=queue, activities=parts.step_activities, **common))
     return RolloutWorker(workers, queues, gc_every_s=gc_every_s)
 
 
