@@ -44,9 +44,11 @@ from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxR
 
 from durable_rollouts.activities import Queues, RolloutActivities, TasksetActivities
 from durable_rollouts.activities.owner import OwnerInterceptor
+from durable_rollouts.errors import ConfigError
 from durable_rollouts.release import worker_identity
 from durable_rollouts.sdk.board import BOARD
 from durable_rollouts.sdk.tracestore import TraceStore
+from durable_rollouts.settings import WORKER_READY, Settings, settings, var
 from durable_rollouts.temporal.eviction import evict_cached
 from durable_rollouts.temporal.storage import storage_url
 from durable_rollouts.workflows import Rollout, TasksetRun
@@ -57,8 +59,8 @@ __all__ = ["DEFAULT_GC_EVERY_S", "RolloutWorker", "WorkerParts", "build_worker",
 
 log = logging.getLogger(__name__)
 
-DEFAULT_GC_EVERY_S = 300.0  # the orphan sweep of worker processes; 0 disables it
-GC_EVERY_ENV = "ROLLOUTS_GC_EVERY"
+DEFAULT_GC_EVERY_S: float = Settings.model_fields["gc_every"].default  # 0 disables the sweep
+GC_EVERY_ENV = var("gc_every")
 
 WORKFLOWS = [TasksetRun, Rollout]
 # Heartbeats reach the server at most this often (activities/rollout.py beats twice as often).
@@ -205,7 +207,7 @@ def build_worker(client: Client, *, task_queue: str = DEFAULT_TASK_QUEUE, host_q
     if process_queue == "auto":
         process_queue = process_queue_name(task_queue)
     if sandbox is None:
-        sandbox = os.environ.get("ROLLOUTS_WORKFLOW_SANDBOX", "0") not in ("0", "false", "no")
+        sandbox = settings().workflow_sandbox
     queues = Queues(shared=task_queue, host=host_queue, process=process_queue)
     parts = worker_parts(queues, trace_store=trace_store, interceptors=interceptors)
     runner = SandboxedWorkflowRunner(
@@ -259,7 +261,7 @@ async def run_worker(address: str | None = None, *, task_queue: str = DEFAULT_TA
     async with worker:
         log.info("worker polling %s (+%s)", task_queue, ", ".join(worker.queues.extra) or "no extra queues")
         log.info("storage %s", storage_url())
-        print(f"ROLLOUTS_WORKER_READY queue={task_queue}", flush=True)
+        print(f"{WORKER_READY} queue={task_queue}", flush=True)
         await stop.wait()
 
 
@@ -281,15 +283,20 @@ def main(argv: list[str] | None = None, *, interceptors: Sequence[Interceptor] =
     parser.add_argument("--host-queue", default=None, help="'auto' = <queue>@<hostname>")
     parser.add_argument("--process-queue", default="auto", help="'auto' = <queue>@<host>:<pid>")
     parser.add_argument("--max-concurrent-activities", type=int, default=500)
-    parser.add_argument("--gc-every", type=gc_every, metavar="SECONDS",
-                        default=os.environ.get(GC_EVERY_ENV, str(DEFAULT_GC_EVERY_S)),
-                        help=f"remove orphaned substrates every SECONDS (0 = never; ${GC_EVERY_ENV})")
+    parser.add_argument("--gc-every", type=gc_every, metavar="SECONDS", default=None,
+                        help=f"remove orphaned substrates every SECONDS (0 = never; default "
+                             f"${GC_EVERY_ENV}, else {DEFAULT_GC_EVERY_S:g})")
     args = parser.parse_args(argv)
-    logging.basicConfig(level=os.environ.get("ROLLOUTS_LOG_LEVEL", "WARNING"))
+    try:
+        config = settings()
+    except ConfigError as exc:
+        parser.error(str(exc))
+    logging.basicConfig(level=config.log_level or "WARNING")
     asyncio.run(run_worker(args.temporal, task_queue=args.task_queue, host_queue=args.host_queue,
                            process_queue=args.process_queue,
                            max_concurrent_activities=args.max_concurrent_activities,
-                           gc_every_s=args.gc_every, interceptors=interceptors))
+                           gc_every_s=config.gc_every if args.gc_every is None else args.gc_every,
+                           interceptors=interceptors))
 
 
 if __name__ == "__main__":

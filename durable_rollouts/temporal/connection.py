@@ -36,6 +36,7 @@ from durable_rollouts.errors import ConfigError
 from durable_rollouts.processes import pid_alive, stop_process
 from durable_rollouts.sdk.locks import file_lock
 from durable_rollouts.sdk.paths import rollouts_home
+from durable_rollouts.settings import settings, var
 from durable_rollouts.workflows.types import SEARCH_ATTRIBUTES
 
 __all__ = [
@@ -50,7 +51,7 @@ __all__ = [
     "temporal_cli",
 ]
 
-ADDRESS_ENV = "ROLLOUTS_TEMPORAL_ADDRESS"
+ADDRESS_ENV = var("temporal_address")
 DEFAULT_PORT = 7233
 DEFAULT_UI_PORT = 8233
 
@@ -95,7 +96,7 @@ def dev_server_args(port: int, ui_port: int | None, db_file: Path | str | None, 
     else:
         args += ["--ui-port", str(ui_port)]
     if db_file is not None:
-        sync = sqlite_sync or os.environ.get("ROLLOUTS_SQLITE_SYNC", "NORMAL")
+        sync = sqlite_sync or settings().sqlite_sync
         args += ["--db-filename", str(db_file), "--sqlite-pragma", "journal_mode=WAL",
                  "--sqlite-pragma", f"synchronous={sync}"]
     for name, kind in SEARCH_ATTRIBUTES.items():
@@ -224,7 +225,7 @@ def stop_dev_server(home: Path | None = None, timeout: float = 10.0) -> bool:
 
 def resolve_address(address: str | None = None) -> str | None:
     """An explicit address, else ``$ROLLOUTS_TEMPORAL_ADDRESS``, else None (embedded)."""
-    return address or os.environ.get(ADDRESS_ENV) or None
+    return address or settings().temporal_address
 
 
 async def connect_client(address: str | None = None, *, namespace: str = "default") -> Client:
