@@ -45,9 +45,7 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from _common import LETTERS, letter_tasks, private_home  # noqa: E402
+from _common import LETTERS, letter_tasks, private_home  # the script's own folder
 
 VARIANTS = ("base", "no-owner", "no-heartbeat", "no-board", "patch-marker", "open-step",
             "close-step", "polls-10", "polls-20", "polls-10-half")

@@ -228,7 +228,7 @@ def spawn_worker(address: str, task_queue: str, job_id: str) -> tuple[int, Path]
     folder.mkdir(parents=True, exist_ok=True)
     log = folder / f"{job_id}.log"
     env = dict(os.environ)
-    paths = [p for p in sys.path if p and os.path.isdir(p)]  # the agent's and taskset's folders too
+    paths = [p for p in sys.path if p and os.path.isdir(p)]  # the agent's folder too (specs)
     env["PYTHONPATH"] = os.pathsep.join(
         dict.fromkeys(paths + env.get("PYTHONPATH", "").split(os.pathsep))
     )

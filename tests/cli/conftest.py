@@ -9,15 +9,11 @@ from __future__ import annotations
 
 import asyncio
 import socket
-import sys
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
 from durable_rollouts.temporal.connection import DevServer, ensure_dev_server, stop_dev_server
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # cli_helpers, flaky_agent
 
 
 def _free_port() -> int:
