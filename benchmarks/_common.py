@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import resource
+import sys
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -15,6 +16,17 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 LETTERS = str(ROOT / "examples" / "letters" / "env.py")
+
+
+def with_test_helpers(*folders: str) -> None:
+    """Make the helper modules of ``tests/<folder>`` importable, for this benchmark and the worker
+    processes it starts: without them on PYTHONPATH, the script starts itself once more with
+    them there (how the tests hand them to their subprocesses), instead of editing sys.path."""
+    search = os.pathsep.join(str(ROOT / "tests" / folder) for folder in folders)
+    if not os.environ.get("PYTHONPATH", "").startswith(search):
+        os.environ["PYTHONPATH"] = os.pathsep.join(
+            p for p in (search, os.environ.get("PYTHONPATH")) if p)
+        os.execv(sys.executable, sys.orig_argv)
 
 
 @contextmanager

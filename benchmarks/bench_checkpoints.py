@@ -20,15 +20,15 @@ import argparse
 import asyncio
 import os
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
+from _common import with_test_helpers
+
+with_test_helpers("agents", "temporal")
 ROOT = Path(__file__).resolve().parent.parent
 AGENTS = ROOT / "tests" / "agents"
-sys.path.insert(0, str(AGENTS))
-sys.path.insert(0, str(ROOT / "tests" / "temporal"))
 os.environ["ROLLOUTS_HOME"] = tempfile.mkdtemp(prefix="rollouts-bench-cp-")
 os.environ.setdefault("ROLLOUTS_LOG_LEVEL", "WARNING")
 

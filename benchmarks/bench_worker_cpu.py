@@ -1,7 +1,7 @@
 """Worker and server CPU per rollout of one durable batch, with parts of the worker switched off.
 
     python benchmarks/bench_worker_cpu.py [--n 256] [--sleep 2] [--concurrency 64] [--repeats 2]
-        [--variants base,inline,no-owner,no-heartbeat,no-board,patch-marker,open-step,close-step,
+        [--variants base,no-owner,no-heartbeat,no-board,patch-marker,open-step,close-step,
          polls-10,polls-20,polls-10-half]
         [--against REV]
 
@@ -10,8 +10,6 @@ shared embedded server (a private ``ROLLOUTS_HOME``), and the variants are inter
 ``--repeats`` times, medians compared. A variant is an A/B of one per-rollout cost:
 
 - ``base``: the worker as shipped (workflow activations on temporalio's thread pool);
-- ``inline``: workflow activations inline on the worker's loop (``ROLLOUTS_INLINE_ACTIVATIONS=1``,
-  opt-in);
 - ``no-owner``: without the ``OwnerInterceptor`` (substrate owner labels; benchmark only);
 - ``no-heartbeat``: the agent step's background heartbeat off (benchmark only);
 - ``no-board``: without the live-progress board interceptor (benchmark only);
@@ -47,19 +45,14 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import LETTERS, letter_tasks, private_home  # the script's own folder
 
-from _common import LETTERS, letter_tasks, private_home  # noqa: E402
-
-VARIANTS = ("base", "inline", "no-owner", "no-heartbeat", "no-board", "patch-marker", "open-step",
+VARIANTS = ("base", "no-owner", "no-heartbeat", "no-board", "patch-marker", "open-step",
             "close-step", "polls-10", "polls-20", "polls-10-half")
 
 
 def _switch_off(variant: str) -> None:
     """Apply one variant inside the run process (before the worker is built)."""
-    os.environ.pop("ROLLOUTS_INLINE_ACTIVATIONS", None)
-    if variant == "inline":
-        os.environ["ROLLOUTS_INLINE_ACTIVATIONS"] = "1"
     from temporalio.worker import Interceptor
 
     import durable_rollouts.worker as worker

@@ -23,9 +23,10 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
+from _common import with_test_helpers
+
+with_test_helpers("chaos", "temporal", "agents")
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests" / "chaos"))
-sys.path.insert(0, str(ROOT / "tests" / "temporal"))
 os.environ["ROLLOUTS_HOME"] = tempfile.mkdtemp(prefix="rollouts-chaos-")
 os.environ.setdefault("ROLLOUTS_LOG_LEVEL", "WARNING")
 

@@ -16,10 +16,11 @@ import argparse
 import gc
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "fuzz"))
+from _common import with_test_helpers
+
+with_test_helpers("fuzz")
 
 from fuzz_strategies import batches
 from fuzz_support import STATS, ServerThread, SyncConn, run_batch

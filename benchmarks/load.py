@@ -22,14 +22,15 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import sys
 import tempfile
 import time
 import uuid
 from pathlib import Path
 
+from _common import with_test_helpers
+
+with_test_helpers("temporal")
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests" / "temporal"))
 os.environ["ROLLOUTS_HOME"] = tempfile.mkdtemp(prefix="rollouts-load-")
 os.environ.setdefault("ROLLOUTS_LOG_LEVEL", "WARNING")
 

@@ -22,6 +22,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from .models import SubScore
+from .processes import kill_session
 
 __all__ = [
     "BashGrader",
@@ -185,22 +186,15 @@ class BashGrader(_Grader):
         try:
             out, _ = await asyncio.wait_for(proc.communicate(), timeout)
         except asyncio.TimeoutError:
-            _kill(proc)
+            kill_session(proc.pid)  # bash and whatever it started
             await proc.wait()
             return 0.0, {"exit_code": None, "timed_out": True, "output": ""}
         except asyncio.CancelledError:
-            _kill(proc)
+            kill_session(proc.pid)
             await proc.wait()
             raise
         text = out.decode(errors="replace")[-4000:]
         return (1.0 if proc.returncode == 0 else 0.0), {"exit_code": proc.returncode, "output": text}
-
-
-def _kill(proc: asyncio.subprocess.Process) -> None:
-    try:
-        os.killpg(proc.pid, 9)  # the command's whole group: bash and whatever it started
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 # ---------------------------------------------------------------------------------------------

@@ -30,6 +30,7 @@ from .errors import (
     ServerBusyError,
     UnauthorizedError,
 )
+from .settings import SERVE_PORT_VAR
 
 __all__ = [
     "DEFAULT_MAX_LINE_BYTES",
@@ -54,7 +55,7 @@ __all__ = [
 PROTOCOL_VERSION = "1"
 """Bumped on any incompatible wire change; the client rejects a server speaking another."""
 
-SERVE_PORT_ANNOUNCEMENT = "ROLLOUTS_SERVE_PORT="
+SERVE_PORT_ANNOUNCEMENT = f"{SERVE_PORT_VAR}="
 """Printed once by ``serve`` (followed by the port) after hooks ran and the port is bound."""
 
 DEFAULT_MAX_LINE_BYTES = 16 * 1024 * 1024

@@ -16,10 +16,12 @@ import subprocess
 from importlib import metadata
 from pathlib import Path
 
+from .settings import settings, var
+
 __all__ = ["COMMIT_ENV", "MEMO_KEY", "commit", "release_name", "version", "worker_identity"]
 
 MEMO_KEY = "rollouts_release"
-COMMIT_ENV = "ROLLOUTS_RELEASE_COMMIT"
+COMMIT_ENV = var("release_commit")
 _PACKAGE_ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -35,8 +37,9 @@ def version() -> str:
 @functools.cache
 def commit() -> str:
     """Short commit of this code: ``$ROLLOUTS_RELEASE_COMMIT``, else git of a checkout, else ``dev``."""
-    if os.environ.get(COMMIT_ENV):
-        return os.environ[COMMIT_ENV][:12]
+    explicit = settings().release_commit
+    if explicit:
+        return explicit[:12]
     if not (_PACKAGE_ROOT / ".git").exists():  # an installed copy (site-packages): no git
         return "dev"
     try:

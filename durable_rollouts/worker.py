@@ -1,4 +1,8 @@
-"""Build and run the Temporal worker: every workflow and activity, listed explicitly.
+"""Build and run the Temporal worker: every workflow and activity, listed explicitly, once.
+
+``worker_parts(queues)`` is the one list of what a worker of this package registers (workflows,
+activities, interceptors); ``build_worker`` and ``temporal.plugin.RolloutsPlugin`` both use it, and
+both run on a client with ``temporal.codec.data_converter()``.
 
 ``build_worker(client, task_queue=..., host_queue=..., process_queue=...)`` returns a
 ``RolloutWorker`` polling the shared queue (workflows + activities) and, when different, this
@@ -22,7 +26,8 @@ import os
 import signal
 import socket
 from datetime import timedelta
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any, Self
 
 from temporalio import workflow
@@ -39,22 +44,23 @@ from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxR
 
 from durable_rollouts.activities import Queues, RolloutActivities, TasksetActivities
 from durable_rollouts.activities.owner import OwnerInterceptor
+from durable_rollouts.errors import ConfigError
 from durable_rollouts.release import worker_identity
 from durable_rollouts.sdk.board import BOARD
 from durable_rollouts.sdk.tracestore import TraceStore
-from durable_rollouts.temporal.activations import activation_executor
+from durable_rollouts.settings import WORKER_READY, Settings, settings, var
 from durable_rollouts.temporal.eviction import evict_cached
 from durable_rollouts.temporal.storage import storage_url
 from durable_rollouts.workflows import Rollout, TasksetRun
 from durable_rollouts.workflows.types import DEFAULT_TASK_QUEUE
 
-__all__ = ["DEFAULT_GC_EVERY_S", "RolloutWorker", "build_worker", "host_queue_name", "main",
-           "process_queue_name", "run_worker"]
+__all__ = ["DEFAULT_GC_EVERY_S", "RolloutWorker", "WorkerParts", "build_worker", "host_queue_name",
+           "main", "process_queue_name", "run_worker", "worker_parts"]
 
 log = logging.getLogger(__name__)
 
-DEFAULT_GC_EVERY_S = 300.0  # the orphan sweep of worker processes; 0 disables it
-GC_EVERY_ENV = "ROLLOUTS_GC_EVERY"
+DEFAULT_GC_EVERY_S: float = Settings.model_fields["gc_every"].default  # 0 disables the sweep
+GC_EVERY_ENV = var("gc_every")
 
 WORKFLOWS = [TasksetRun, Rollout]
 # Heartbeats reach the server at most this often (activities/rollout.py beats twice as often).
@@ -144,6 +150,32 @@ class RolloutWorker:
         await self.shutdown()
 
 
+@dataclass(frozen=True)
+class WorkerParts:
+    """What a worker of this package registers, for the queues it polls."""
+
+    workflows: list[type]  # on the shared queue
+    activities: list[Callable[..., Any]]  # on the shared queue: every step and taskset activity
+    step_activities: list[Callable[..., Any]]  # on a host's / process's own queue: the steps
+    interceptors: list[Interceptor]  # outermost first, on every queue
+
+
+def worker_parts(queues: Queues, *, trace_store: TraceStore | None = None,
+                 interceptors: Sequence[Interceptor] = ()) -> WorkerParts:
+    """The one list of workflows, activities and interceptors of a durable-rollouts worker.
+
+    ``interceptors`` (e.g. the test suite's fault injection) run outside the package's own: the
+    ``OwnerInterceptor`` (substrate owner labels for gc) and the progress-board interceptor.
+    """
+    rollout = RolloutActivities(queues, trace_store=trace_store)
+    return WorkerParts(
+        workflows=list(WORKFLOWS),
+        activities=[*rollout.all(), *TasksetActivities().all()],
+        step_activities=rollout.all(),
+        interceptors=[*interceptors, OwnerInterceptor(), _Board()],
+    )
+
+
 def build_worker(client: Client, *, task_queue: str = DEFAULT_TASK_QUEUE, host_queue: str | None = None,
                  process_queue: str | None = None, max_concurrent_activities: int = 500,
                  max_concurrent_workflow_tasks: int | None = None, trace_store: TraceStore | None = None,
@@ -163,8 +195,6 @@ def build_worker(client: Client, *, task_queue: str = DEFAULT_TASK_QUEUE, host_q
         sandbox: run workflows in temporalio's sandbox or unsandboxed (faster); None reads
             ``ROLLOUTS_WORKFLOW_SANDBOX`` (default off: these workflows import only pure models,
             and the purity and replay tests guard them; the sandbox costs ~30% worker CPU).
-            ``ROLLOUTS_INLINE_ACTIVATIONS=1`` runs unsandboxed activations inline on this event
-            loop instead of temporalio's thread pool (``temporal.activations``, opt-in).
         identity: the Temporal worker identity; default ``durable-rollouts <version> (<commit>)
             <pid>@<host>``, so a failed workflow task (e.g. non-determinism) names the release.
         gc_every_s: remove orphaned substrates every this many seconds while running, asking
@@ -177,10 +207,9 @@ def build_worker(client: Client, *, task_queue: str = DEFAULT_TASK_QUEUE, host_q
     if process_queue == "auto":
         process_queue = process_queue_name(task_queue)
     if sandbox is None:
-        sandbox = os.environ.get("ROLLOUTS_WORKFLOW_SANDBOX", "0") not in ("0", "false", "no")
+        sandbox = settings().workflow_sandbox
     queues = Queues(shared=task_queue, host=host_queue, process=process_queue)
-    rollout = RolloutActivities(queues, trace_store=trace_store)
-    activities = [*rollout.all(), *TasksetActivities().all()]
+    parts = worker_parts(queues, trace_store=trace_store, interceptors=interceptors)
     runner = SandboxedWorkflowRunner(
         restrictions=SandboxRestrictions.default.with_passthrough_modules("durable_rollouts"))
     common: dict[str, Any] = {
@@ -190,20 +219,19 @@ def build_worker(client: Client, *, task_queue: str = DEFAULT_TASK_QUEUE, host_q
         "default_heartbeat_throttle_interval": HEARTBEAT_THROTTLE,
         "graceful_shutdown_timeout": timedelta(seconds=graceful_shutdown_s),
         "identity": identity or worker_identity(),  # names the release in every task it fails
-        "interceptors": [*interceptors, OwnerInterceptor()],
+        "interceptors": parts.interceptors,
     }
     workers = [Worker(
-        client, task_queue=task_queue, workflows=WORKFLOWS, activities=activities,
+        client, task_queue=task_queue, workflows=parts.workflows, activities=parts.activities,
         workflow_runner=runner if sandbox else _unsandboxed(),
         max_concurrent_workflow_tasks=max_concurrent_workflow_tasks,
         workflow_task_poller_behavior=PollerBehaviorSimpleMaximum(maximum=WORKFLOW_TASK_POLLS),
         nonsticky_to_sticky_poll_ratio=NONSTICKY_POLL_RATIO,
-        workflow_task_executor=activation_executor(sandbox),  # opt-in: inline on this loop
         sticky_queue_schedule_to_start_timeout=timedelta(seconds=5),
-        **{**common, "interceptors": [*common["interceptors"], _Board()]},
+        **common,
     )]
     for queue in queues.extra:
-        workers.append(Worker(client, task_queue=queue, activities=rollout.all(), **common))
+        workers.append(Worker(client, task_queue=queue, activities=parts.step_activities, **common))
     return RolloutWorker(workers, queues, gc_every_s=gc_every_s)
 
 
@@ -233,7 +261,7 @@ async def run_worker(address: str | None = None, *, task_queue: str = DEFAULT_TA
     async with worker:
         log.info("worker polling %s (+%s)", task_queue, ", ".join(worker.queues.extra) or "no extra queues")
         log.info("storage %s", storage_url())
-        print(f"ROLLOUTS_WORKER_READY queue={task_queue}", flush=True)
+        print(f"{WORKER_READY} queue={task_queue}", flush=True)
         await stop.wait()
 
 
@@ -255,15 +283,20 @@ def main(argv: list[str] | None = None, *, interceptors: Sequence[Interceptor] =
     parser.add_argument("--host-queue", default=None, help="'auto' = <queue>@<hostname>")
     parser.add_argument("--process-queue", default="auto", help="'auto' = <queue>@<host>:<pid>")
     parser.add_argument("--max-concurrent-activities", type=int, default=500)
-    parser.add_argument("--gc-every", type=gc_every, metavar="SECONDS",
-                        default=os.environ.get(GC_EVERY_ENV, str(DEFAULT_GC_EVERY_S)),
-                        help=f"remove orphaned substrates every SECONDS (0 = never; ${GC_EVERY_ENV})")
+    parser.add_argument("--gc-every", type=gc_every, metavar="SECONDS", default=None,
+                        help=f"remove orphaned substrates every SECONDS (0 = never; default "
+                             f"${GC_EVERY_ENV}, else {DEFAULT_GC_EVERY_S:g})")
     args = parser.parse_args(argv)
-    logging.basicConfig(level=os.environ.get("ROLLOUTS_LOG_LEVEL", "WARNING"))
+    try:
+        config = settings()
+    except ConfigError as exc:
+        parser.error(str(exc))
+    logging.basicConfig(level=config.log_level or "WARNING")
     asyncio.run(run_worker(args.temporal, task_queue=args.task_queue, host_queue=args.host_queue,
                            process_queue=args.process_queue,
                            max_concurrent_activities=args.max_concurrent_activities,
-                           gc_every_s=args.gc_every, interceptors=interceptors))
+                           gc_every_s=config.gc_every if args.gc_every is None else args.gc_every,
+                           interceptors=interceptors))
 
 
 if __name__ == "__main__":

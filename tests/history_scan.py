@@ -1,6 +1,6 @@
 """Raw workflow histories of a job, for the tests that scan them for secrets.
 
-Importable from every test directory (pytest puts ``tests/`` on sys.path for the root conftest).
+Importable from every test directory (``tests/`` is on pytest's ``pythonpath``, pyproject.toml).
 """
 
 from __future__ import annotations

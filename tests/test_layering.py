@@ -13,9 +13,6 @@ from pathlib import Path
 PKG = "durable_rollouts"
 ROOT = Path(__file__).resolve().parents[1] / PKG
 
-# Deprecated re-export shims at old import paths (they alias the module that moved; see each
-# module's docstring). They are leaves nobody in the package imports.
-SHIMS = {f"{PKG}.codec", f"{PKG}.sdk.temporal", f"{PKG}.sdk.orchestrate"}
 # Layers allowed to import temporalio (DESIGN.md "Package layout").
 TEMPORAL_LAYERS = ("workflows", "activities", "worker", "temporal")
 
@@ -72,7 +69,7 @@ def test_only_the_temporal_layers_import_temporalio() -> None:
     """temporalio is imported by workflows/, activities/, worker.py and temporal/ only."""
     offenders = sorted(
         name for name, deps in GRAPH.items()
-        if name not in SHIMS and _layer(name) not in TEMPORAL_LAYERS
+        if _layer(name) not in TEMPORAL_LAYERS
         and any(d == "temporalio" or d.startswith("temporalio.") for d in deps)
     )
     assert not offenders, "\n".join(offenders)
@@ -84,7 +81,7 @@ def test_sdk_never_imports_temporal_or_its_layers() -> None:
               f"{PKG}.worker", f"{PKG}.cli", f"{PKG}.gc")
     offenders = sorted(
         f"{name} -> {dep}" for name, deps in GRAPH.items()
-        if name.startswith(f"{PKG}.sdk") and name not in SHIMS
+        if name.startswith(f"{PKG}.sdk")
         for dep in deps if dep.split(".")[0] == "temporalio" or dep.startswith(banned)
     )
     assert not offenders, "\n".join(offenders)

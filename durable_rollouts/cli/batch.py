@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import sys
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -23,6 +22,7 @@ from rich.console import Console
 
 from ..errors import ConfigError
 from ..sdk.paths import rollouts_home
+from ..settings import settings
 from ..workflows.types import DEFAULT_TASK_QUEUE
 from durable_rollouts.cli import render
 from durable_rollouts.temporal.jobs import JobView, connect, load_job
@@ -68,7 +68,7 @@ def ui_base(address: str | None) -> str | None:
     """The Web UI base url: ``$ROLLOUTS_TEMPORAL_UI``, else the embedded server's (when it is the one used)."""
     from durable_rollouts.temporal.connection import resolve_address
 
-    explicit = os.environ.get("ROLLOUTS_TEMPORAL_UI")
+    explicit = settings().temporal_ui
     if explicit:
         return explicit
     try:
@@ -236,7 +236,7 @@ def _check_output(opts: RunOptions) -> None:
 
 async def run_batch(opts: RunOptions, out: Console, err: Console) -> int:
     from ..sdk.job import Job
-    from durable_rollouts.temporal.batches import QUEUE_ENV, check_policy, start_job
+    from durable_rollouts.temporal.batches import check_policy, start_job
     from durable_rollouts.temporal.connection import resolve_address
     from ..sdk.validation import validate_batch
     from .specs import check_sources, load_agent_spec, load_tasks, parse_runtime
@@ -263,7 +263,7 @@ async def run_batch(opts: RunOptions, out: Console, err: Console) -> int:
     client = await connect(opts.temporal, opts.connect_timeout)
     in_process = (embedded and not opts.detach) if opts.worker is None else opts.worker
     job = Job(name=opts.name or taskset.name, group=opts.group, taskset=taskset.name)
-    queue = opts.task_queue or os.environ.get(QUEUE_ENV) or DEFAULT_TASK_QUEUE
+    queue = opts.task_queue or settings().task_queue
     if opts.detach and embedded and opts.task_queue is None:
         # The background worker serves this job only: it never hosts another job's substrates
         # when it exits, and attached runs never wait on it.

@@ -100,11 +100,21 @@ def drive(make: Callable[[Any, Any], Coroutine[Any, Any, int]]) -> NoReturn:
                 fail(f"{type(exc).__name__}: {exc}", 1)
     except typer.Exit as exc:
         code = exc.exit_code
-    if os.environ.get("ROLLOUTS_CLI_SOFT_EXIT"):
+    if _soft_exit():
         raise typer.Exit(code)
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
+
+
+def _soft_exit() -> bool:
+    """``ROLLOUTS_CLI_SOFT_EXIT``; a malformed environment has been reported already."""
+    from durable_rollouts.settings import settings
+
+    try:
+        return settings().cli_soft_exit
+    except ConfigError:
+        return False
 
 
 CLEANUP_S = 15.0

@@ -24,7 +24,9 @@ from typing import Any
 
 from rich.console import Console
 
+from ..processes import pid_alive
 from ..sdk.paths import rollouts_home
+from ..settings import WORKER_READY, settings
 
 __all__ = [
     "collect_garbage",
@@ -40,8 +42,10 @@ def _running_server() -> dict[str, Any] | None:
     """The embedded server recorded in ``$ROLLOUTS_HOME/temporal.json`` if it still answers."""
     try:
         state = json.loads((rollouts_home() / "temporal.json").read_text())
-        os.kill(int(state["pid"]), 0)
+        alive = pid_alive(int(state["pid"]))
     except (OSError, ValueError, KeyError, TypeError):
+        return None
+    if not alive:
         return None
     with socket.socket() as sock:
         sock.settimeout(0.5)
@@ -147,34 +151,37 @@ async def run_server(out: Console, *, port: int | None, ui_port: int | None, hea
 async def run_worker(
     address: str | None,
     *,
-    task_queue: str,
+    task_queue: str | None,
     host_queue: str | None,
     until_job: str | None,
     connect_timeout: float,
     out: Console,
-    gc_every_s: float = 300.0,
+    gc_every_s: float | None = None,
 ) -> int:
     """Poll ``task_queue`` until Ctrl-C/SIGTERM (or, with ``until_job``, until that job closed),
-    sweeping orphaned substrates every ``gc_every_s`` seconds (0 = never)."""
+    sweeping orphaned substrates every ``gc_every_s`` seconds (0 = never). None: the settings'
+    ``ROLLOUTS_TASK_QUEUE`` / ``ROLLOUTS_GC_EVERY``."""
     from ..temporal.control import wait_closed
     from ..temporal.jobs import connect
     from ..worker import build_worker
 
-    if os.environ.get("ROLLOUTS_LOG_LEVEL"):  # e.g. INFO: one line per removed orphan
-        logging.basicConfig(level=os.environ["ROLLOUTS_LOG_LEVEL"].upper())
+    config = settings()
+    task_queue = task_queue or config.task_queue
+    if config.log_level:  # e.g. INFO: one line per removed orphan
+        logging.basicConfig(level=config.log_level)
     client = await connect(address, connect_timeout)
     worker = build_worker(
         client,
         task_queue=task_queue,
         host_queue=host_queue,
         process_queue="auto",
-        gc_every_s=gc_every_s,
+        gc_every_s=config.gc_every if gc_every_s is None else gc_every_s,
     )
     stop = _stop_event()
     async with worker:
         queues = ", ".join([task_queue, *worker.queues.extra])
         out.print(
-            f"ROLLOUTS_WORKER_READY queue={task_queue} ({queues}) on "
+            f"{WORKER_READY} queue={task_queue} ({queues}) on "
             f"{client.service_client.config.target_host}",
             highlight=False,
         )
@@ -221,7 +228,7 @@ def spawn_worker(address: str, task_queue: str, job_id: str) -> tuple[int, Path]
     folder.mkdir(parents=True, exist_ok=True)
     log = folder / f"{job_id}.log"
     env = dict(os.environ)
-    paths = [p for p in sys.path if p and os.path.isdir(p)]  # the agent's and taskset's folders too
+    paths = [p for p in sys.path if p and os.path.isdir(p)]  # the agent's folder too (specs)
     env["PYTHONPATH"] = os.pathsep.join(
         dict.fromkeys(paths + env.get("PYTHONPATH", "").split(os.pathsep))
     )

@@ -15,6 +15,7 @@ from typing import Any
 from urllib.parse import parse_qs, urlparse
 
 from ..errors import ConfigError
+from ..settings import settings
 
 __all__ = [
     "RUNTIME_KINDS",
@@ -99,9 +100,9 @@ def load_agent_spec(spec: str, config: dict[str, Any]) -> Any:
 
 def ssh_key_default() -> str | None:
     """``$ROLLOUTS_SSH_KEY``, else the first of ~/.ssh/id_ed25519, id_ecdsa, id_rsa that exists."""
-    key = os.environ.get("ROLLOUTS_SSH_KEY")
+    key = settings().ssh_key
     if key:
-        return key
+        return str(key)
     for name in ("id_ed25519", "id_ecdsa", "id_rsa"):
         candidate = Path.home() / ".ssh" / name
         if candidate.is_file():
@@ -165,8 +166,8 @@ def parse_runtime(spec: str) -> Any:
             ok = False
         if not ok:
             raise ConfigError(f"--runtime {spec!r}: expected tcp://HOST:PORT")
-        token = os.environ.get("ROLLOUTS_ENV_TOKEN")
-        return Runtime(spec, {"token": token} if token else {})
+        token = settings().env_token
+        return Runtime(spec, {"token": token.get_secret_value()} if token else {})
     if spec.startswith("ssh://"):
         return _ssh_runtime(spec)
     kind, _, rest = spec.partition(":")

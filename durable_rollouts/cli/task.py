@@ -8,17 +8,17 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 from typing import Annotated, Any
 
 import typer
 
 from durable_rollouts.cli.common import cli_errors, fail
 from durable_rollouts.errors import ConfigError
+from durable_rollouts.settings import settings, var
 
 __all__ = ["URL_ENV_VAR", "app", "task_app"]
 
-URL_ENV_VAR = "ROLLOUTS_URL"
+URL_ENV_VAR = var("url")
 
 app = typer.Typer()  # merged into the ``rollouts`` app (cli/__init__.py)
 task_app = typer.Typer(
@@ -30,7 +30,10 @@ app.add_typer(task_app, name="task")
 
 
 def _server_url(url: str | None, source: str | None = None) -> str:
-    resolved = url or os.environ.get(URL_ENV_VAR)
+    if not url:
+        with cli_errors():
+            url = settings().url
+    resolved = url
     if not resolved:
         hint = f"start one with `rollouts serve {source}` and " if source else ""
         fail(f"no env server given: {hint}pass --url tcp://HOST:PORT or set {URL_ENV_VAR}")

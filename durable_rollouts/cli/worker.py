@@ -30,11 +30,12 @@ app = typer.Typer()  # merged into the ``rollouts`` app (cli/__init__.py)
 def worker_command(
     temporal: TemporalOption = None,
     task_queue: Annotated[
-        str,
+        str | None,
         typer.Option(
-            "--task-queue", envvar="ROLLOUTS_TASK_QUEUE", help="the shared task queue"
+            "--task-queue", help="the shared task queue (default $ROLLOUTS_TASK_QUEUE, else "
+            "'rollouts')"
         ),
-    ] = "rollouts",
+    ] = None,
     host_queue: Annotated[
         str | None,
         typer.Option(
@@ -45,16 +46,15 @@ def worker_command(
         str | None, typer.Option("--until-job", help="exit once this job has closed")
     ] = None,
     gc_every: Annotated[
-        float,
+        float | None,
         typer.Option(
             "--gc-every",
-            envvar="ROLLOUTS_GC_EVERY",
             min=0.0,
             metavar="SECONDS",
             help="remove orphaned substrates (what `rollouts gc` finds) every SECONDS; "
-            "0 disables it",
+            "0 disables it (default $ROLLOUTS_GC_EVERY, else 300)",
         ),
-    ] = 300.0,
+    ] = None,
     connect_timeout: ConnectTimeoutOption = 5.0,
 ) -> None:
     """Run a worker (workflows and rollout steps) until Ctrl-C / SIGTERM.

@@ -10,18 +10,18 @@ missing file, no environment, a public bind without a token) print one line on s
 from __future__ import annotations
 
 import asyncio
-import os
 import signal
 import sys
 
 from ..errors import ConfigError, EnvError
+from ..settings import settings, var
 from .environment import Environment
 from .loader import load_environment
 from .server import DEFAULT_MAX_CONNECTIONS, DEFAULT_MAX_TASKS, is_loopback, serve
 
 __all__ = ["TOKEN_ENV_VAR", "run_serve"]
 
-TOKEN_ENV_VAR = "ROLLOUTS_ENV_TOKEN"
+TOKEN_ENV_VAR = var("env_token")
 
 
 def _error(message: str) -> None:
@@ -62,7 +62,12 @@ def run_serve(
     max_tasks: int = DEFAULT_MAX_TASKS,
 ) -> int:
     """Serve the environment in ``target`` until SIGTERM/SIGINT; returns the exit code."""
-    token = os.environ.get(TOKEN_ENV_VAR) or None
+    try:
+        secret = settings().env_token
+    except ConfigError as exc:
+        _error(str(exc))
+        return 2
+    token = secret.get_secret_value() if secret is not None else None
     if not is_loopback(host) and not token:
         _error(f"binding to {host} needs a token: set {TOKEN_ENV_VAR}")
         return 2

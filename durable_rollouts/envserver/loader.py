@@ -4,44 +4,82 @@
 ``load_environment("pkg.module:attr")``. When a module defines several environments, ``name``
 picks one by attribute name or by ``Environment.name``.
 
-Imports only ``environment.py`` and the shared errors module.
+A user's file is run by :func:`import_file`, which lets it import the modules next to it (as
+``python env.py`` would) without touching ``sys.path``: while the file runs, a finder placed just
+before Python's path finder resolves top-level names in the file's folder first, and it is removed
+afterwards. Imports only ``environment.py`` and the shared errors module.
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib
+import importlib.abc
+import importlib.machinery
 import importlib.util
 import sys
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from types import ModuleType
 
 from ..errors import ConfigError
 from .environment import Environment
 
-__all__ = ["load_environment"]
+__all__ = ["import_file", "load_environment"]
 
 
-def _import_file(path: Path) -> ModuleType:
-    module_name = f"_rollouts_env_{abs(hash(str(path)))}"
-    if module_name in sys.modules:
-        return sys.modules[module_name]
+class _FolderFinder(importlib.abc.MetaPathFinder):
+    """Finds top-level modules and packages in one folder (what ``sys.path[0]`` of a script does)."""
+
+    def __init__(self, folder: str) -> None:
+        self.folder = folder
+
+    def find_spec(self, fullname: str, path: Sequence[str] | None = None,
+                  target: ModuleType | None = None) -> importlib.machinery.ModuleSpec | None:
+        if path is not None:  # a submodule: its package's own __path__ finds it
+            return None
+        return importlib.machinery.PathFinder.find_spec(fullname, [self.folder])
+
+
+@contextlib.contextmanager
+def _siblings_importable(folder: Path) -> Iterator[None]:
+    """While inside, ``import x`` also finds ``folder/x.py`` (before installed modules, after
+    built-in ones); nothing outside the block sees it."""
+    finder = _FolderFinder(str(folder))
+    before = next((i for i, f in enumerate(sys.meta_path)
+                   if f is importlib.machinery.PathFinder), len(sys.meta_path))
+    sys.meta_path.insert(before, finder)
+    try:
+        yield
+    finally:
+        sys.meta_path.remove(finder)
+
+
+def import_file(path: Path, module_name: str) -> ModuleType:
+    """Run the Python file ``path`` as module ``module_name`` (kept in ``sys.modules``); its
+    sibling modules are importable while it runs.
+
+    Raises:
+        ConfigError: ``path`` cannot be imported at all.
+        Exception: whatever the file raised (the module is then dropped again).
+    """
     spec = importlib.util.spec_from_file_location(module_name, path)
     if spec is None or spec.loader is None:
         raise ConfigError(f"cannot import {path}")
     module = importlib.util.module_from_spec(spec)
     sys.modules[module_name] = module
-    # let the env file import its sibling modules
-    sys.path.insert(0, str(path.parent))
     try:
-        spec.loader.exec_module(module)
-    except Exception:
+        with _siblings_importable(path.parent):
+            spec.loader.exec_module(module)
+    except BaseException:
         sys.modules.pop(module_name, None)
         raise
-    finally:
-        with_path = str(path.parent)
-        if with_path in sys.path:
-            sys.path.remove(with_path)
     return module
+
+
+def _import_env_file(path: Path) -> ModuleType:
+    module_name = f"_rollouts_env_{abs(hash(str(path)))}"
+    return sys.modules.get(module_name) or import_file(path, module_name)
 
 
 def load_environment(target: str, name: str | None = None) -> Environment:
@@ -57,7 +95,7 @@ def load_environment(target: str, name: str | None = None) -> Environment:
         if not path.is_file():
             raise ConfigError(f"environment file not found: {target}")
         path = path.resolve()
-        module = _import_file(path)
+        module = _import_env_file(path)
         source: str | None = str(path)
     else:
         module_name, _, attr = target.partition(":")

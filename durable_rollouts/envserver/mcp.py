@@ -22,6 +22,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
+from ..backoff import delays
 from ..errors import EnvError
 from .capability import Capability, CapabilityHost
 
@@ -49,7 +50,7 @@ async def wait_until_listening(
             the message names ``what``.
     """
     deadline = time.monotonic() + timeout_s
-    delay = 0.005
+    pauses = delays(0.005, 0.1)
     while True:
         if watch is not None and watch.done():
             exc = None if watch.cancelled() else watch.exception()
@@ -61,8 +62,7 @@ async def wait_until_listening(
                 raise EnvError(
                     f"{what} did not accept connections on {host}:{port} within {timeout_s:g}s"
                 ) from None
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, 0.1)
+            await asyncio.sleep(next(pauses))
             continue
         writer.close()
         with contextlib.suppress(Exception):

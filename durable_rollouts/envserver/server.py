@@ -23,6 +23,7 @@ from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 from ..errors import ConfigError
+from ..settings import var
 from ..streams import StreamPair, register_local, unregister_local
 from ..protocol import (
     DEFAULT_MAX_LINE_BYTES,
@@ -105,7 +106,7 @@ class EnvServer(Dispatcher):
     async def start(self, host: str = "127.0.0.1", port: int = 0) -> None:
         """Run the initialize hooks, then bind (refusing a non-loopback host without a token)."""
         if not is_loopback(host) and not self.token:
-            raise ConfigError(f"binding to {host} needs a token (set ROLLOUTS_ENV_TOKEN)")
+            raise ConfigError(f"binding to {host} needs a token (set {var('env_token')})")
         await self.env.start()
         try:
             self._server = await asyncio.start_server(self._on_connection, host, port)

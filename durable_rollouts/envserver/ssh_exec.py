@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
-import signal
 from collections.abc import Sequence
 
 import asyncssh
 
-__all__ = ["TIMEOUT_EXIT_STATUS", "kill_group", "run_session"]
+from ..processes import kill_session
+
+__all__ = ["TIMEOUT_EXIT_STATUS", "run_session"]
 
 TIMEOUT_EXIT_STATUS = 124
 PIPE_CHUNK = 65536
@@ -51,7 +51,7 @@ async def run_session(
         proc = await asyncio.shield(spawn)
     except asyncio.CancelledError:  # the session went away while the command was starting
         with contextlib.suppress(BaseException):
-            kill_group(await spawn)
+            kill_session((await spawn).pid)
         raise
     except OSError as exc:
         process.stderr.write(f"cannot start command: {exc}\n".encode())
@@ -68,7 +68,7 @@ async def run_session(
         await asyncio.wait({exited, hangup}, timeout=timeout_s,
                            return_when=asyncio.FIRST_COMPLETED)
         if not exited.done():  # timed out, or the client went away: no orphans either way
-            kill_group(proc)
+            kill_session(proc.pid)
             await exited
             if hangup.done():
                 for task in outs:
@@ -82,7 +82,7 @@ async def run_session(
     finally:
         running.discard(proc)
         if proc.returncode is None:
-            kill_group(proc)
+            kill_session(proc.pid)
         for task in (feed, hangup, exited):
             task.cancel()
     # Drain what the command wrote; a background child holding the pipes open is not waited for.
@@ -90,12 +90,6 @@ async def run_session(
     for task in outs:
         task.cancel()
     process.exit(status if status >= 0 else 128 - status)
-
-
-def kill_group(proc: asyncio.subprocess.Process) -> None:
-    """SIGKILL ``proc``'s whole process group (it leads one: ``start_new_session``)."""
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(proc.pid, signal.SIGKILL)
 
 
 async def _pump(

@@ -36,6 +36,7 @@ from typing import Any, Literal
 import asyncssh
 
 from ..errors import EnvError
+from ..processes import kill_session
 from .capability import Capability, CapabilityHost
 from .sandbox import (
     SANDBOX_CWD,
@@ -46,7 +47,7 @@ from .sandbox import (
     bwrap_failure,
     command_environ,
 )
-from .ssh_exec import TIMEOUT_EXIT_STATUS, kill_group, run_session
+from .ssh_exec import TIMEOUT_EXIT_STATUS, run_session
 
 __all__ = [
     "SANDBOX_CWD",
@@ -220,7 +221,7 @@ class Workspace:
         for conn in list(self._conns):
             conn.close()
         for proc in list(self._procs):
-            kill_group(proc)
+            kill_session(proc.pid)
         self.capability = None
         if self._temp_root and self.root is not None:
             shutil.rmtree(self.root, ignore_errors=True)

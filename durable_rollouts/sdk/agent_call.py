@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import time
 
+from ..backoff import delays
 from ..errors import CheckpointError, ModelAPIError
 from ..models import Step, Trace
 from .agents import Agent
@@ -30,7 +31,7 @@ async def call_agent(agent: Agent, run: Run, *, durable: bool) -> None:
     checkpoint, a few times. A ``CheckpointError`` is infrastructure: it always raises.
     """
     base = len(run.trace.steps)
-    delay = 1.0
+    pauses = delays(1.0)
     for attempt in range(_LOCAL_MODEL_RETRIES + 1):
         try:
             await agent(run)
@@ -43,8 +44,8 @@ async def call_agent(agent: Agent, run: Run, *, durable: bool) -> None:
             if exc.retryable and durable:
                 raise
             if exc.retryable and attempt < _LOCAL_MODEL_RETRIES:
-                await asyncio.sleep(exc.retry_after_s if exc.retry_after_s is not None else delay)
-                delay *= 2
+                pause = next(pauses)
+                await asyncio.sleep(exc.retry_after_s if exc.retry_after_s is not None else pause)
                 run._rewind(base)  # back to the last checkpoint, as a retried step would be
                 continue
             record_failure(run.trace, exc)

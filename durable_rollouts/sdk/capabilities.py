@@ -25,8 +25,8 @@ import contextlib
 from typing import Any, Protocol
 from urllib.parse import urlsplit
 
+from ..backoff import retry
 from ..errors import ConfigError
-from .retry import retry
 
 __all__ = [
     "BindingSource",

@@ -23,6 +23,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 from pydantic import ValidationError
 
+from ..backoff import delays
 from ..errors import (
     ConfigError,
     ConnectionLostError,
@@ -364,7 +365,7 @@ async def connect(
     """
     host, port = parse_url(url)
     deadline = time.monotonic() + ready_timeout
-    delay = 0.1
+    pauses = delays(0.1, 0.5)
     last: BaseException | None = None
     refused = 0
     while True:
@@ -392,5 +393,4 @@ async def connect(
             if keepalive_s:
                 client.start_keepalive(keepalive_s)
             return client
-        await asyncio.sleep(min(delay, max(0.0, deadline - time.monotonic())))
-        delay = min(delay * 2, 0.5)
+        await asyncio.sleep(min(next(pauses), max(0.0, deadline - time.monotonic())))

@@ -1,7 +1,8 @@
 """Where durable_rollouts keeps local state (traces, substrate logs, pid files).
 
 ``$ROLLOUTS_HOME`` (default ``~/.local/share/durable-rollouts``) is read on every call, so tests
-and child processes that set it see their own directory. Imports only the standard library.
+and child processes that set it see their own directory. Imports only the standard library and
+``durable_rollouts.settings``.
 """
 
 from __future__ import annotations
@@ -11,13 +12,15 @@ import re
 import tempfile
 from pathlib import Path
 
+from ..settings import settings
+
 __all__ = ["atomic_write", "rollouts_home", "safe_name"]
 
 
 def rollouts_home() -> Path:
     """The state directory (``$ROLLOUTS_HOME`` or ``~/.local/share/durable-rollouts``)."""
-    raw = os.environ.get("ROLLOUTS_HOME")
-    return Path(raw).expanduser() if raw else Path.home() / ".local" / "share" / "durable-rollouts"
+    home = settings().home
+    return home.expanduser() if home else Path.home() / ".local" / "share" / "durable-rollouts"
 
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")

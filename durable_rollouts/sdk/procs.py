@@ -1,23 +1,20 @@
-"""Process identity and control, the one place for it: liveness, a process's identity (pid plus
-start time, so a reused pid is never mistaken for it), whether it is still an env server, whether
-its spawner is gone, group kills, and the ``state.json`` a placed process is recorded in. Used by
-the subprocess provider (which also reaps its own orphans) and the embedded Temporal server."""
+"""Env server processes on this host: a process's identity (pid plus start time, so a reused pid
+is never mistaken for it), whether it is still an env server, whether its spawner is gone, and the
+``state.json`` a placed process is recorded in. Used by the subprocess provider (which also reaps
+its own orphans). Liveness and signals are ``durable_rollouts.processes``."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import signal
 from pathlib import Path
 from typing import Any
 
+from ..processes import pid_alive
 from .paths import atomic_write
 
 __all__ = [
     "is_env_server",
-    "kill_group",
-    "pid_alive",
     "read_state",
     "spawner_gone",
     "start_time",
@@ -25,21 +22,6 @@ __all__ = [
 ]
 
 ENV_SERVER_MARK = b"durable_rollouts.envserver"  # in the argv of every env server process
-
-
-def pid_alive(pid: int) -> bool:
-    """True while ``pid`` exists and is not a zombie (exited but not yet reaped counts as dead)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return not Path("/proc/self").exists()  # no procfs: trust kill(0)
-    return stat.rsplit(")", 1)[-1].split()[0] not in ("Z", "X")
 
 
 def _stat(pid: int) -> list[str] | None:
@@ -85,17 +67,6 @@ def spawner_gone(pid: int) -> bool:
     except OSError:
         return not pid_alive(ppid)
     return b"python" not in os.path.basename(argv0)
-
-
-def kill_group(pid: int, pgid: int, sig: int = signal.SIGKILL) -> None:
-    """Signal process group ``pgid`` (never our own: then just ``pid``); gone is fine."""
-    if pgid <= 1 or pgid == os.getpgrp():
-        pgid = 0
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        if pgid:
-            os.killpg(pgid, sig)
-        else:
-            os.kill(pid, sig)
 
 
 def read_state(directory: Path) -> dict[str, Any] | None:

@@ -8,10 +8,9 @@ Temporal layer, and importing this module never loads Temporal).
 
 from __future__ import annotations
 
-import importlib.util
+import importlib
 import inspect
 import json
-import sys
 import uuid
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
@@ -227,19 +226,14 @@ def _as_task(row: Any) -> Task:
 
 def _scan_module(path: Path) -> tuple[Taskset | None, list[Task]]:
     """Import ``path`` and collect its tasks (in definition order, identical rows once)."""
-    directory = str(path.resolve().parent)
-    if directory not in sys.path:
-        sys.path.insert(0, directory)  # so tasks.py can `import env` next to it
+    from ..envserver.loader import import_file  # lazily: only a .py taskset needs it
+
     module_name = f"_rollouts_taskset_{path.stem}_{uuid.uuid4().hex[:8]}"
-    spec = importlib.util.spec_from_file_location(module_name, path)
-    if spec is None or spec.loader is None:
-        raise ConfigError(f"cannot import {path}")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[module_name] = module
-    try:
-        spec.loader.exec_module(module)
+    try:  # tasks.py may `import env` next to it
+        module = import_file(path.resolve(), module_name)
+    except ConfigError:
+        raise
     except Exception as exc:
-        sys.modules.pop(module_name, None)
         raise ConfigError(f"importing {path} failed: {type(exc).__name__}: {exc}") from exc
     tasksets: list[Taskset] = []
     rows: list[Task] = []

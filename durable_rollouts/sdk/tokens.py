@@ -21,6 +21,7 @@ from typing import Any
 
 from ..errors import ConfigError, UnauthorizedError
 from ..models import Endpoint
+from ..settings import settings, var
 from .paths import rollouts_home
 
 __all__ = [
@@ -33,7 +34,7 @@ __all__ = [
     "uses_derived_token",
 ]
 
-SECRET_ENV_VAR = "ROLLOUTS_TOKEN_SECRET"
+SECRET_ENV_VAR = var("token_secret")
 SECRET_BYTES = 32
 TOKEN_FROM = "token_from"
 
@@ -77,9 +78,9 @@ def token_rejected(exc: UnauthorizedError, url: str) -> UnauthorizedError:
 
 
 def _secret() -> bytes:
-    raw = os.environ.get(SECRET_ENV_VAR)
-    if raw:
-        return raw.encode()
+    raw = settings().token_secret
+    if raw is not None:
+        return raw.get_secret_value().encode()
     return _file_secret(secret_path())
 
 

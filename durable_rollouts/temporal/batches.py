@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import os
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -37,6 +36,7 @@ from durable_rollouts.sdk.job import Job, mark_dropped
 from durable_rollouts.sdk.run import Run
 from durable_rollouts.sdk.tracestore import TraceStore
 from durable_rollouts.sdk.validation import validate_batch
+from durable_rollouts.settings import settings
 from durable_rollouts.temporal.connection import connect_client, ensure_search_attributes, resolve_address
 from durable_rollouts.temporal.jobs import (
     batch_descriptions,
@@ -48,7 +48,6 @@ from durable_rollouts.temporal.jobs import (
 from durable_rollouts.workflows import TasksetRun, workflow_id
 from durable_rollouts.workflows.stream import PolicyRef, StreamOptions
 from durable_rollouts.workflows.types import (
-    DEFAULT_TASK_QUEUE,
     MAX_CONCURRENT,
     ON_ERROR_POLICIES,
     QUEUE_TIMEOUT_S,
@@ -59,7 +58,6 @@ from durable_rollouts.workflows.types import (
 
 __all__ = ["JobHandle", "check_policy", "get_job", "job_progress", "run_taskset", "shutdown_embedded", "start_job"]
 
-QUEUE_ENV = "ROLLOUTS_TASK_QUEUE"
 INLINE_ROWS = 1000  # above this many rows, the workflow input carries a storage reference instead
 INLINE_ROWS_BYTES = 256 * 1024  # ... or above this many bytes of rows
 
@@ -230,7 +228,7 @@ async def start_job(taskset: Any, agent: Any, *, runtime: Any, group: int | None
     agent_spec = agent.spec()
     provider_spec = runtime.spec()
     client, embedded = await _client(temporal)
-    queue = task_queue or os.environ.get(QUEUE_ENV) or DEFAULT_TASK_QUEUE
+    queue = task_queue or settings().task_queue
     relet = None
     if worker if worker is not None else embedded:
         relet = functools.partial(_ensure_worker, client, queue)
@@ -328,7 +326,7 @@ async def job_progress(job_id: str, temporal: Any = None) -> list[Progress]:
     client, embedded = await _client(temporal)
     lease = None
     if embedded:  # queries need a worker: on the embedded server, ours (only for the queries)
-        lease = await _ensure_worker(client, os.environ.get(QUEUE_ENV) or DEFAULT_TASK_QUEUE)
+        lease = await _ensure_worker(client, settings().task_queue)
     try:
         return [await client.get_workflow_handle_for(TasksetRun.run, desc.id).query(TasksetRun.progress)
                 for desc in await batch_descriptions(client, job_id)]

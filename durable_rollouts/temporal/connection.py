@@ -18,11 +18,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import fcntl
 import json
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -35,8 +33,10 @@ from temporalio.client import Client
 
 from durable_rollouts.temporal.codec import data_converter
 from durable_rollouts.errors import ConfigError
+from durable_rollouts.processes import pid_alive, stop_process
+from durable_rollouts.sdk.locks import file_lock
 from durable_rollouts.sdk.paths import rollouts_home
-from durable_rollouts.sdk.procs import pid_alive
+from durable_rollouts.settings import settings, var
 from durable_rollouts.workflows.types import SEARCH_ATTRIBUTES
 
 __all__ = [
@@ -51,7 +51,7 @@ __all__ = [
     "temporal_cli",
 ]
 
-ADDRESS_ENV = "ROLLOUTS_TEMPORAL_ADDRESS"
+ADDRESS_ENV = var("temporal_address")
 DEFAULT_PORT = 7233
 DEFAULT_UI_PORT = 8233
 
@@ -96,7 +96,7 @@ def dev_server_args(port: int, ui_port: int | None, db_file: Path | str | None, 
     else:
         args += ["--ui-port", str(ui_port)]
     if db_file is not None:
-        sync = sqlite_sync or os.environ.get("ROLLOUTS_SQLITE_SYNC", "NORMAL")
+        sync = sqlite_sync or settings().sqlite_sync
         args += ["--db-filename", str(db_file), "--sqlite-pragma", "journal_mode=WAL",
                  "--sqlite-pragma", f"synchronous={sync}"]
     for name, kind in SEARCH_ATTRIBUTES.items():
@@ -168,26 +168,22 @@ async def ensure_dev_server(home: Path | None = None, *, port: int | None = None
     """Start the embedded dev server, or reuse the one recorded in ``$ROLLOUTS_HOME``."""
     home = home or rollouts_home()
     home.mkdir(parents=True, exist_ok=True)
-    with (home / "temporal.lock").open("w") as lock:
-        await asyncio.to_thread(fcntl.flock, lock, fcntl.LOCK_EX)
-        try:
-            state = _read_state(home)
-            if state is not None and pid_alive(state.pid) and _listening(state.port):
+    async with file_lock(home / "temporal.lock"):
+        state = _read_state(home)
+        if state is not None and pid_alive(state.pid) and _listening(state.port):
+            return state
+        for attempt in range(3):
+            # The default ports first; if another server took them meanwhile, random ones.
+            state = await _start_dev_server(
+                home,
+                port or _free_port(DEFAULT_PORT if attempt == 0 else None),
+                (ui_port or _free_port(DEFAULT_UI_PORT if attempt == 0 else None)) if ui else None,
+                timeout,
+            )
+            if state is not None:
+                _state_file(home).write_text(json.dumps(asdict(state)))
                 return state
-            for attempt in range(3):
-                # The default ports first; if another server took them meanwhile, random ones.
-                state = await _start_dev_server(
-                    home,
-                    port or _free_port(DEFAULT_PORT if attempt == 0 else None),
-                    (ui_port or _free_port(DEFAULT_UI_PORT if attempt == 0 else None)) if ui else None,
-                    timeout,
-                )
-                if state is not None:
-                    _state_file(home).write_text(json.dumps(asdict(state)))
-                    return state
-            raise ConfigError("the embedded Temporal server could not bind its ports (see temporal.log)")
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
+        raise ConfigError("the embedded Temporal server could not bind its ports (see temporal.log)")
 
 
 async def _start_dev_server(home: Path, port: int, ui_port: int | None, timeout: float) -> DevServer | None:
@@ -221,20 +217,15 @@ def stop_dev_server(home: Path | None = None, timeout: float = 10.0) -> bool:
     _state_file(home).unlink(missing_ok=True)
     if state is None or not pid_alive(state.pid):
         return False
-    os.kill(state.pid, signal.SIGTERM)
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and pid_alive(state.pid):
-        with contextlib.suppress(ChildProcessError):
-            os.waitpid(state.pid, os.WNOHANG)
-        time.sleep(0.05)
-    if pid_alive(state.pid):
-        os.kill(state.pid, signal.SIGKILL)
+    stop_process(state.pid, grace_s=timeout)
+    with contextlib.suppress(ChildProcessError):  # started by this process: reap it
+        os.waitpid(state.pid, os.WNOHANG)
     return True
 
 
 def resolve_address(address: str | None = None) -> str | None:
     """An explicit address, else ``$ROLLOUTS_TEMPORAL_ADDRESS``, else None (embedded)."""
-    return address or os.environ.get(ADDRESS_ENV) or None
+    return address or settings().temporal_address
 
 
 async def connect_client(address: str | None = None, *, namespace: str = "default") -> Client:

@@ -18,7 +18,6 @@ from __future__ import annotations
 import base64
 import binascii
 import hashlib
-import os
 import secrets
 from collections.abc import Sequence
 
@@ -28,6 +27,7 @@ from temporalio.api.common.v1 import Payload
 from temporalio.converter import PayloadCodec
 
 from durable_rollouts.errors import ConfigError, DurableRolloutsError
+from durable_rollouts.settings import settings, var
 
 __all__ = [
     "ENCRYPTED_ENCODING",
@@ -37,7 +37,7 @@ __all__ = [
     "key_id",
 ]
 
-KEY_ENV_VAR = "ROLLOUTS_PAYLOAD_KEY"
+KEY_ENV_VAR = var("payload_key")
 ENCRYPTED_ENCODING = b"binary/encrypted"
 _KEY_ID = "encryption-key-id"
 _NONCE_BYTES = 12
@@ -87,8 +87,8 @@ class AESGCMCodec(PayloadCodec):
     @classmethod
     def from_env(cls) -> AESGCMCodec | None:
         """The codec for ``ROLLOUTS_PAYLOAD_KEY``, or None when it is unset or empty."""
-        value = os.environ.get(KEY_ENV_VAR, "").strip()
-        return cls(parse_keys(value)) if value else None
+        value = settings().payload_key
+        return cls(parse_keys(value.get_secret_value())) if value is not None else None
 
     async def encode(self, payloads: Sequence[Payload]) -> list[Payload]:
         return [self._encrypt(p) for p in payloads]

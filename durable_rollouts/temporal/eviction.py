@@ -17,7 +17,10 @@ shutdown itself) there is nothing left to evict and this does nothing.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
+from collections.abc import Iterator
 from typing import Any
 
 from temporalio.bridge.proto.workflow_activation import (
@@ -27,11 +30,20 @@ from temporalio.bridge.proto.workflow_activation import (
 )
 from temporalio.worker import Worker
 
-from durable_rollouts.temporal.activations import running_loop_kept
-
 __all__ = ["cached_runs", "evict_cached"]
 
 log = logging.getLogger(__name__)
+
+
+@contextlib.contextmanager
+def _running_loop_kept() -> Iterator[None]:
+    """Keep this thread's running-loop registration across an activation run here: an
+    activation sets its own loop while it runs and leaves none behind."""
+    main = asyncio._get_running_loop()
+    try:
+        yield
+    finally:
+        asyncio._set_running_loop(main)
 
 
 def cached_runs(worker: Worker) -> dict[str, Any]:
@@ -54,7 +66,7 @@ def evict_cached(worker: Worker) -> int:
         job = WorkflowActivationJob(remove_from_cache=RemoveFromCache(
             message="worker shut down", reason=RemoveFromCache.EvictionReason.LANG_REQUESTED))
         try:
-            with running_loop_kept():
+            with _running_loop_kept():
                 cached.activate(WorkflowActivation(run_id=run_id, jobs=[job]))
         except BaseException as exc:  # noqa: BLE001 - a run that refuses eviction stays cached
             log.warning("could not evict workflow run %s at worker shutdown: %s", run_id, exc)

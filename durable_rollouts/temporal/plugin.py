@@ -1,9 +1,9 @@
 """``RolloutsPlugin``: add durable rollouts to your own temporalio Client and Worker.
 
 One temporalio ``SimplePlugin`` bundles what a worker of this package needs: the data converter
-(pydantic, plus the payload codec with ``ROLLOUTS_PAYLOAD_KEY``), the ``TasksetRun`` and
-``Rollout`` workflows, every ``rollouts.*`` activity and the owner interceptor that labels
-substrates for gc::
+(pydantic, plus the payload codec with ``ROLLOUTS_PAYLOAD_KEY``) and the workflows, activities and
+interceptors that ``durable_rollouts.worker.worker_parts`` lists (the same as the packaged
+worker's)::
 
     client = await Client.connect("temporal:7233", plugins=[RolloutsPlugin(task_queue="q")])
     async with Worker(client, task_queue="q"):     # the client's plugin configures the worker
@@ -21,12 +21,11 @@ from collections.abc import Awaitable, Callable
 from temporalio.plugin import SimplePlugin
 from temporalio.worker import Worker
 
-from durable_rollouts.activities import Queues, RolloutActivities, TasksetActivities
-from durable_rollouts.activities.owner import OwnerInterceptor
+from durable_rollouts.activities import Queues
 from durable_rollouts.sdk.tracestore import TraceStore
 from durable_rollouts.temporal.codec import data_converter
 from durable_rollouts.temporal.eviction import evict_cached
-from durable_rollouts.workflows import Rollout, TasksetRun
+from durable_rollouts.worker import worker_parts
 from durable_rollouts.workflows.types import DEFAULT_TASK_QUEUE
 
 __all__ = ["PLUGIN_NAME", "RolloutsPlugin"]
@@ -44,13 +43,13 @@ class RolloutsPlugin(SimplePlugin):
 
     def __init__(self, *, task_queue: str = DEFAULT_TASK_QUEUE,
                  trace_store: TraceStore | None = None) -> None:
-        rollout = RolloutActivities(Queues(shared=task_queue), trace_store=trace_store)
+        parts = worker_parts(Queues(shared=task_queue), trace_store=trace_store)
         super().__init__(
             PLUGIN_NAME,
             data_converter=data_converter(),
-            interceptors=[OwnerInterceptor()],
-            activities=[*rollout.all(), *TasksetActivities().all()],
-            workflows=[TasksetRun, Rollout],
+            interceptors=parts.interceptors,
+            activities=parts.activities,
+            workflows=parts.workflows,
         )
 
     async def run_worker(self, worker: Worker, next: Callable[[Worker], Awaitable[None]]) -> None:

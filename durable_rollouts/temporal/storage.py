@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,6 +43,7 @@ from durable_rollouts.sdk.blobs import register_blobs
 from durable_rollouts.temporal.encryption import AESGCMCodec
 from durable_rollouts.temporal.storage_loop import LOOP
 from durable_rollouts.sdk.paths import atomic_write, rollouts_home
+from durable_rollouts.settings import settings, var
 
 __all__ = [
     "BLOB_SCHEME",
@@ -58,9 +58,7 @@ __all__ = [
     "storage_url",
 ]
 
-STORAGE_ENV = "ROLLOUTS_STORAGE"
-THRESHOLD_ENV = "ROLLOUTS_STORAGE_THRESHOLD"
-DEFAULT_THRESHOLD = 256 * 1024
+STORAGE_ENV = var("storage")
 BLOB_SCHEME = "rollouts-storage:"
 _T = TypeVar("_T")
 
@@ -86,7 +84,7 @@ class StorageURL:
 
 def storage_url() -> str:
     """``$ROLLOUTS_STORAGE``, else ``file://$ROLLOUTS_HOME/storage``."""
-    return os.environ.get(STORAGE_ENV, "").strip() or f"file://{rollouts_home() / 'storage'}"
+    return (settings().storage or "").strip() or f"file://{rollouts_home() / 'storage'}"
 
 
 def parse_storage_url(value: str) -> StorageURL:
@@ -107,15 +105,6 @@ def parse_storage_url(value: str) -> StorageURL:
                       "gs://BUCKET/PREFIX")
 
 
-def _threshold() -> int:
-    raw = os.environ.get(THRESHOLD_ENV, "").strip()
-    try:
-        value = int(raw) if raw else DEFAULT_THRESHOLD
-    except ValueError:
-        raise ConfigError(f"{THRESHOLD_ENV} must be a number of bytes, got {raw!r}") from None
-    if value < 0:
-        raise ConfigError(f"{THRESHOLD_ENV} must be >= 0, got {value}")
-    return value
 
 
 
@@ -209,7 +198,7 @@ def _driver(value: str | None = None) -> tuple[StorageURL, StorageDriver]:
 def external_storage(value: str | None = None) -> ExternalStorage:
     """The ``ExternalStorage`` of the data converter: one driver, payloads over the threshold."""
     _, driver = _driver(value)
-    return ExternalStorage(drivers=[driver], payload_size_threshold=_threshold())
+    return ExternalStorage(drivers=[driver], payload_size_threshold=settings().storage_threshold)
 
 
 # ---------------------------------------------------------------------------------------------

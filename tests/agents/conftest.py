@@ -7,18 +7,15 @@ envs here import there as in the test process.
 from __future__ import annotations
 
 import os
-import sys
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent / "temporal"))
-sys.path.insert(0, str(HERE))
+from agent_helpers import StepsModel
+from temporal_helpers import DevServer, WorkerProcess
 
-from agent_helpers import StepsModel  # noqa: E402
-from temporal_helpers import DevServer, WorkerProcess  # noqa: E402
+HERE = Path(__file__).resolve().parent
 
 
 os.environ.setdefault("ROLLOUTS_LOG_LEVEL", "WARNING")

@@ -36,16 +36,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from agent_helpers import TurnsAgent
+from temporal_helpers import ENV_FILE, CountingAgent, DevServer, WorkerProcess, async_wait_for, read_lines
+
 HERE = Path(__file__).resolve().parent
 TEMPORAL_TESTS = HERE.parent / "temporal"
 AGENT_TESTS = HERE.parent / "agents"
-for _path in (TEMPORAL_TESTS, AGENT_TESTS):
-    if str(_path) not in sys.path:
-        sys.path.insert(0, str(_path))
-
-from agent_helpers import TurnsAgent
-
-from temporal_helpers import ENV_FILE, CountingAgent, DevServer, WorkerProcess, async_wait_for, read_lines
 
 from durable_rollouts.models import Task
 from durable_rollouts.protocol import SERVE_PORT_ANNOUNCEMENT

@@ -10,8 +10,6 @@ import sys
 from pathlib import Path
 
 _TEMPORAL = Path(__file__).resolve().parent.parent / "temporal"
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # chaos_cells
-sys.path.insert(0, str(_TEMPORAL))  # temporal_helpers, counting_env
 
 _spec = importlib.util.spec_from_file_location("temporal_conftest", _TEMPORAL / "conftest.py")
 assert _spec is not None and _spec.loader is not None

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
-from chaos_cells import CuttingProxy, _start_env_server
-from faults import maybe_crash
+from chaos_cells import TEMPORAL_TESTS, CuttingProxy, _start_env_server
 
 from durable_rollouts.errors import ConnectionLostError
 from durable_rollouts.sdk.client import connect
@@ -32,12 +33,32 @@ async def test_reply_cut_mid_frame_is_a_lost_connection_not_a_bad_frame(tmp_path
         server.wait(10)
 
 
-def test_fault_points_are_noops_unless_armed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv("ROLLOUTS_FAULTS", raising=False)
-    monkeypatch.setenv("ROLLOUTS_FAULTS_DIR", str(tmp_path))
-    for point in ("after_provision", "after_connect", "after_start", "after_agent", "after_grade",
-                  "after_verify", "before_teardown", "after_teardown"):
-        maybe_crash(point)  # would SIGKILL this very process if armed
-    monkeypatch.setenv("ROLLOUTS_FAULTS", "after_grade")
-    maybe_crash("after_verify")  # armed for another point only
-    assert not list(tmp_path.iterdir()) and os.getpid()
+POINTS = ("after_provision", "after_connect", "after_start", "after_agent", "after_grade",
+          "after_verify", "before_teardown", "after_teardown")
+
+
+def _reach(points: tuple[str, ...], evidence: Path, armed: str | None) -> subprocess.CompletedProcess:
+    """A fresh process that reaches ``points`` in order, then prints ``survived``."""
+    env = {k: v for k, v in os.environ.items() if k != "ROLLOUTS_FAULTS"}
+    env.update(ROLLOUTS_FAULTS_DIR=str(evidence), PYTHONPATH=str(TEMPORAL_TESTS))
+    if armed is not None:
+        env["ROLLOUTS_FAULTS"] = armed
+    code = f"from faults import maybe_crash\nfor p in {points!r}: maybe_crash(p)\nprint('survived')"
+    return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                          timeout=60)
+
+
+def test_fault_points_are_noops_unless_armed(tmp_path: Path) -> None:
+    """Unarmed (or armed elsewhere) points do nothing; an armed point SIGKILLs the process once,
+    leaving ``<point>.fired`` with its pid, and is a no-op for every later process."""
+    for armed in (None, "after_grade"):
+        points = POINTS if armed is None else tuple(p for p in POINTS if p != armed)
+        quiet = _reach(points, tmp_path, armed)
+        assert (quiet.returncode, quiet.stdout.strip()) == (0, "survived"), quiet.stderr
+        assert list(tmp_path.iterdir()) == []
+    killed = _reach(POINTS, tmp_path, "after_grade, after_teardown")
+    assert killed.returncode == -signal.SIGKILL and "survived" not in killed.stdout
+    assert [f.name for f in tmp_path.iterdir()] == ["after_grade.fired"]
+    assert (tmp_path / "after_grade.fired").read_text().isdigit()
+    again = _reach(("after_grade",), tmp_path, "after_grade")  # fired already: once only
+    assert (again.returncode, again.stdout.strip()) == (0, "survived"), again.stderr

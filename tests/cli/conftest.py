@@ -1,7 +1,7 @@
 """Fixtures of the CLI tests: one embedded Temporal dev server per session.
 
 The session's ``$ROLLOUTS_HOME`` (a temp dir, see tests/conftest.py) gets the embedded dev server
-started by ``sdk.temporal.ensure_dev_server`` (Web UI on): exactly the server that ``rollouts``
+started by ``temporal.connection.ensure_dev_server`` (Web UI on): exactly the server that ``rollouts``
 commands without ``--temporal`` reuse. It is stopped at the end of the session.
 """
 
@@ -9,15 +9,11 @@ from __future__ import annotations
 
 import asyncio
 import socket
-import sys
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
 from durable_rollouts.temporal.connection import DevServer, ensure_dev_server, stop_dev_server
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # cli_helpers, flaky_agent
 
 
 def _free_port() -> int:

@@ -6,13 +6,4 @@ imported from there, as worker subprocesses do.
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "temporal"))
-
-
-
-
 from temporal_fixtures import client, dev_server  # noqa: E402,F401  (shared fixtures)

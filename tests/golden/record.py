@@ -32,11 +32,13 @@ ROOT = Path(__file__).resolve().parents[2]
 TEMPORAL_TESTS = ROOT / "tests" / "temporal"
 CLI_TESTS = ROOT / "tests" / "cli"
 VERIFIER = ROOT / "examples" / "verifier"
-for _p in (ROOT, TEMPORAL_TESTS, CLI_TESTS, VERIFIER):
-    if str(_p) not in sys.path:
-        sys.path.insert(0, str(_p))
-os.environ["PYTHONPATH"] = os.pathsep.join(
-    p for p in (str(ROOT), str(CLI_TESTS), str(VERIFIER), os.environ.get("PYTHONPATH", "")) if p)
+# This checkout's package, the test helpers and the verifier example, for this process and every
+# worker or env it starts: run as a script, the process starts itself once more with them on
+# PYTHONPATH (the way its subprocesses get them) instead of editing sys.path.
+SEARCH = os.pathsep.join(str(p) for p in (ROOT, TEMPORAL_TESTS, CLI_TESTS, VERIFIER))
+if __name__ == "__main__" and not os.environ.get("PYTHONPATH", "").startswith(SEARCH):
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (SEARCH, os.environ.get("PYTHONPATH")) if p)
+    os.execv(sys.executable, sys.orig_argv)
 
 from temporal_helpers import ENV_FILE, CountingAgent, DevServer, WorkerProcess, async_wait_for, read_lines  # noqa: E402
 

@@ -13,13 +13,9 @@ import os
 import subprocess
 import sys
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # substrates_support
-
-from substrates_support import ENV_IMAGE_DIR, KEY_LABEL, REPO, TEST_KEY_PREFIX  # noqa: E402
+from substrates_support import ENV_IMAGE_DIR, KEY_LABEL, REPO, TEST_KEY_PREFIX
 
 
 def _sources_digest() -> str:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import sys
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -18,6 +17,7 @@ from pathlib import Path
 
 import pytest
 from substrates_support import ENV_IMAGE_DIR, KEY_LABEL, MarkingSleepAgent
+from temporal_helpers import DevServer, WorkerProcess
 
 from durable_rollouts.envserver import load_environment
 from durable_rollouts.sdk.agents import FixedAgent
@@ -29,9 +29,6 @@ from durable_rollouts.temporal.connection import connect_client
 
 HERE = Path(__file__).resolve().parent
 TEMPORAL_TESTS = HERE.parent / "temporal"
-sys.path.insert(0, str(TEMPORAL_TESTS))
-
-from temporal_helpers import DevServer, WorkerProcess  # noqa: E402
 
 pytestmark = pytest.mark.docker
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from pathlib import Path
 
 import pytest
@@ -10,9 +11,12 @@ import pytest
 from durable_rollouts import LocalRuntime, SubprocessRuntime, Task, Taskset
 from durable_rollouts.errors import ConfigError
 from durable_rollouts.models import Limits, RuntimeConfig
+from durable_rollouts.processes import pid_alive
 from durable_rollouts.sdk.agents import Agent, FailAgent, FixedAgent, SleepAgent, TableAgent
 from durable_rollouts.sdk.direct import run_direct
 from durable_rollouts.sdk.job import Job
+from durable_rollouts.sdk.procs import read_state
+from durable_rollouts.sdk.providers.subprocess import substrate_dir
 from durable_rollouts.sdk.run import Run
 
 LETTER_ANSWERS = {"count_letter": "3", "reverse_word": "reward", "vowels": '["e", "u", "a", "i", "o"]'}
@@ -109,13 +113,19 @@ async def test_crashed_env_subprocess_is_reported_with_exit_code_and_output_tail
 
 
 async def test_agent_timeout_stops_the_trace_and_still_grades(letters_path: Path) -> None:
+    """An agent over its ``timeout_s`` is stopped there (its answer never lands) and the env
+    still grades what it got: a real grade of 0, no reward."""
     ts = letters().filter(ids=["count_letter"])
     agent = SleepAgent(seconds=30, answer="3", timeout_s=0.3)
+    began = time.monotonic()
     job = await run_direct(ts, agent, LocalRuntime(letters_path))
+    assert time.monotonic() - began < 15  # stopped at 0.3 s, not after the 30 s sleep
+    assert [r.slug for r in job.runs] == ts.slugs and len(job.runs) == 2
     for run in job.runs:
         assert run.trace.stop_reason == "timeout" and run.trace.status == "error"
-        assert run.grade is not None and not run.grade.is_error and run.grade_reward == 0.0 and run.reward is None  # graded, but no reward
-        assert run.status == "errored"
+        assert not run.trace.content  # "3" would have scored 1
+        assert run.grade is not None and not run.grade.is_error and run.grade_reward == 0.0
+        assert run.reward is None and run.status == "errored"  # graded, but no reward
 
 
 async def test_failing_agent_is_recorded_and_graded_best_effort(letters_path: Path) -> None:
@@ -148,13 +158,28 @@ async def test_runtime_config_a_provider_cannot_honour_is_rejected(letters_path:
     assert job.runs[0].reward == 1.0
 
 
+class SubstrateNotingSleeper(Agent):
+    """Notes the pid of its rollout's env server process, then sleeps past any timeout."""
+
+    pids: list[int] = []
+
+    async def __call__(self, run: Run) -> None:
+        self.pids.append(int(read_state(substrate_dir(run.rollout_id))["pid"]))
+        await asyncio.sleep(30)
+
+
 async def test_rollout_timeout_marks_the_run_and_tears_down(letters_path: Path) -> None:
+    """At ``rollout_timeout`` the run is marked ``timeout`` in the agent loop and its substrate
+    (an env server process, with its state directory) is gone."""
     ts = letters().filter(ids=["count_letter"])
-    job = await run_direct(ts, SleepAgent(seconds=30, answer="3"), SubprocessRuntime(letters_path),
-                           rollout_timeout=1.5)
+    agent = SubstrateNotingSleeper()
+    job = await run_direct(ts, agent, SubprocessRuntime(letters_path), rollout_timeout=1.5)
+    assert len(job.runs) == 2 and len(agent.pids) == 2
     for run in job.runs:
         assert run.status == "timeout" and run.error_phase == "agent loop"
         assert "timed out" in run.error
+        assert not substrate_dir(run.rollout_id).exists()
+    assert not [pid for pid in agent.pids if pid_alive(pid)]
 
 
 async def test_unknown_task_fails_before_launch_with_its_phase(letters_path: Path) -> None:

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
 
 from durable_rollouts import LocalRuntime, SubprocessRuntime
+from durable_rollouts.envserver.loader import import_file
 from durable_rollouts.sdk.agents import FailAgent, TableAgent
 from durable_rollouts.sdk.direct import run_direct
 
@@ -16,14 +15,8 @@ EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "verifier"
 
 
 def _tasks():
-    sys.path.insert(0, str(EXAMPLE))
-    try:
-        spec = importlib.util.spec_from_file_location("verifier_example_tasks", EXAMPLE / "tasks.py")
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        return module
-    finally:
-        sys.path.remove(str(EXAMPLE))
+    """examples/verifier/tasks.py, which imports its sibling modules (spelling, referee)."""
+    return import_file(EXAMPLE / "tasks.py", "verifier_example_tasks")
 
 
 @pytest.mark.parametrize("kind", ["local", "subprocess"])

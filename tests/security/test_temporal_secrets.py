@@ -28,6 +28,7 @@ from typing import Any
 import pytest
 from history_scan import job_histories
 from security_helpers import make_env
+from temporal_helpers import DevServer
 
 from durable_rollouts.temporal.codec import KEY_ENV_VAR
 from durable_rollouts.envserver import serving
@@ -39,8 +40,6 @@ from durable_rollouts.sdk.providers import Runtime
 from durable_rollouts.sdk.taskset import Taskset
 from durable_rollouts.temporal.connection import connect_client
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "temporal"))
-from temporal_helpers import DevServer  # noqa: E402
 
 API_KEY = "sk-test-SECRET123"
 ENV_TOKEN = "env-token-SECRET456"

@@ -11,14 +11,9 @@ from __future__ import annotations
 
 import asyncio
 import os
-import sys
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "chaos"))
-
 from chaos_cells import Outcome, run_matrix
 
 CELLS = ["kill@agent", "kill@grade", "kill@verify", "kill_verifier_substrate"]

@@ -8,15 +8,10 @@ processes (``temporal_helpers.WorkerProcess``) and SIGKILL them.
 from __future__ import annotations
 
 import os
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # temporal_helpers, counting_env
-
 from temporal_helpers import DevServer, WorkerProcess
 
 

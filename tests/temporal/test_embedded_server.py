@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-from durable_rollouts.sdk.procs import pid_alive
+from durable_rollouts.processes import pid_alive
 from durable_rollouts.temporal.connection import ensure_dev_server, stop_dev_server
 
 

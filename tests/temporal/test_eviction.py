@@ -30,7 +30,6 @@ from durable_rollouts.sdk.board import BOARD
 from durable_rollouts.sdk.providers import LocalRuntime
 from durable_rollouts.sdk.taskset import Taskset
 from durable_rollouts.temporal import batches
-from durable_rollouts.temporal.activations import ENV as INLINE_ENV
 from durable_rollouts.temporal.batches import start_job
 from durable_rollouts.temporal.eviction import cached_runs
 from durable_rollouts.temporal.plugin import RolloutsPlugin
@@ -71,15 +70,13 @@ async def _start_in_agent(client: Client, queue: str, tmp_path: Path):
     raise AssertionError("the rollout never reached its agent step")
 
 
-@pytest.mark.parametrize(("inline", "attributes"), [("0", True), ("1", True), ("0", False)],
-                         ids=["thread-pool", "inline", "no-search-attributes"])
+@pytest.mark.parametrize("attributes", [True, False], ids=["search-attributes", "no-search-attributes"])
 async def test_a_worker_stopped_mid_agent_step_evicts_its_cached_runs(
-        client, monkeypatch, tmp_path: Path, inline: str, attributes: bool) -> None:
+        client, monkeypatch, tmp_path: Path, attributes: bool) -> None:
     """Stopped while the rollout waits on its agent: no run stays cached, no ``Rollout.run``
     coroutine stays suspended, the board does not count the evicted rollout as cancelled (also
     without search attributes, where the rollout publishes nothing on its way out), and the next
     worker finishes the rollout with one real grade."""
-    monkeypatch.setenv(INLINE_ENV, inline)
     if not attributes:
         async def no_attributes(_client: Client) -> bool:
             return False

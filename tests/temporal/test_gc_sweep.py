@@ -25,7 +25,7 @@ from durable_rollouts.models import Endpoint, Task
 from durable_rollouts import gc
 from durable_rollouts.gc import orphans as gc_orphans
 from durable_rollouts.temporal.batches import start_job
-from durable_rollouts.sdk.procs import pid_alive
+from durable_rollouts.processes import pid_alive
 from durable_rollouts.sdk.providers import SubprocessRuntime
 from durable_rollouts.sdk.providers.subprocess import substrate_dir
 from durable_rollouts.sdk.taskset import Taskset
@@ -180,18 +180,19 @@ async def test_rollouts_worker_command_sweeps(client, dev_server, task_queue, tm
         await release(orphan)
 
 
-@pytest.mark.parametrize(("args", "env"), [
-    (["--gc-every", "-1"], {}),
-    ([], {"ROLLOUTS_GC_EVERY": "-5"}),
-    (["--gc-every", "soon"], {}),
+@pytest.mark.parametrize(("args", "env", "named"), [
+    (["--gc-every", "-1"], {}, "--gc-every"),
+    ([], {"ROLLOUTS_GC_EVERY": "-5"}, "ROLLOUTS_GC_EVERY='-5'"),
+    (["--gc-every", "soon"], {}, "--gc-every"),
 ])
-def test_bad_gc_every_is_one_line_error(args: list[str], env: dict[str, str]) -> None:
+def test_bad_gc_every_is_one_line_error(args: list[str], env: dict[str, str], named: str) -> None:
+    """One ``error:`` line naming what was bad: the option, or the variable the user set."""
     result = subprocess.run(
         [sys.executable, "-m", "durable_rollouts.cli", "worker", "--temporal", "127.0.0.1:1", *args],
         check=False, capture_output=True, text=True, timeout=60, env=dict(os.environ, **env))
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     assert result.returncode == 2, result.stderr
-    assert len(lines) == 1 and lines[0].startswith("error: ") and "--gc-every" in lines[0], lines
+    assert len(lines) == 1 and lines[0].startswith("error: ") and named in lines[0], lines
     assert "Traceback" not in result.stdout + result.stderr
 
 

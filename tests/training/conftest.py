@@ -5,16 +5,4 @@ run the real ``rollouts`` CLI and the real ``temporal`` CLI against that server.
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
-
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-sys.path.insert(0, str(HERE.parent / "temporal"))  # temporal_helpers (DevServer), counting_env
-sys.path.insert(0, str(HERE.parent / "cli"))  # cli_helpers (rollouts as a subprocess)
-
-
-
-
 from temporal_fixtures import client, dev_server, task_queue  # noqa: E402,F401  (shared fixtures)

@@ -13,7 +13,7 @@ from cli_helpers import rollouts
 from temporal_helpers import ENV_FILE
 
 from durable_rollouts.models import Task
-from durable_rollouts.sdk.procs import pid_alive
+from durable_rollouts.processes import pid_alive
 from durable_rollouts.sdk.taskset import Taskset
 
 AGENT = "training_agents:PolicyAgent"

@@ -27,6 +27,7 @@ from typing import Any, ClassVar
 
 from ...errors import ConfigError, ProviderError, ReadyTimeoutError
 from ...models import Endpoint, ProviderSpec, RuntimeConfig, Task
+from ...settings import ENV_PORT_VAR, RUN_TIMEOUT_VAR, var
 from durable_rollouts.sdk.labels import LABEL_DEADLINE, LABEL_KEY, owner_labels
 from ..tokens import derived_params, substrate_token
 from .base import (
@@ -46,7 +47,7 @@ log = logging.getLogger(__name__)
 
 LOG_TAIL_LINES = 40
 DEFAULT_STARTUP_TIMEOUT_S = 60.0
-TOKEN_VAR = "ROLLOUTS_ENV_TOKEN"
+TOKEN_VAR = var("env_token")
 
 # run_args keys that would break the isolation or bookkeeping this provider promises.
 _FORBIDDEN_RUN_ARGS = frozenset(
@@ -65,7 +66,7 @@ _FORBIDDEN_RUN_ARGS = frozenset(
         "tty",
     }
 )
-_RESERVED_ENV = frozenset({TOKEN_VAR, "ROLLOUTS_ENV_PORT", "ROLLOUTS_RUN_TIMEOUT_S"})
+_RESERVED_ENV = frozenset({TOKEN_VAR, ENV_PORT_VAR, RUN_TIMEOUT_VAR})
 
 
 class DockerRuntime(DurableProvider):
@@ -197,9 +198,9 @@ class DockerRuntime(DurableProvider):
 
         res, limits = config.resources, config.limits
         environment = dict(self.env_vars)
-        environment.update({TOKEN_VAR: token, "ROLLOUTS_ENV_PORT": str(self.port)})
+        environment.update({TOKEN_VAR: token, ENV_PORT_VAR: str(self.port)})
         if limits.run_timeout_s:
-            environment["ROLLOUTS_RUN_TIMEOUT_S"] = f"{limits.run_timeout_s:g}"
+            environment[RUN_TIMEOUT_VAR] = f"{limits.run_timeout_s:g}"
         kwargs: dict[str, Any] = {
             "cap_drop": ["ALL"],
             "security_opt": ["no-new-privileges:true"],

@@ -22,6 +22,7 @@ from typing import Any, ClassVar
 
 from ...errors import ConfigError, ProviderError, ReadyTimeoutError
 from ...models import Endpoint, ProviderSpec, RuntimeConfig, Task
+from ...settings import ENV_PORT_VAR, var
 from durable_rollouts.sdk.labels import LABEL_KEY, owner_labels
 from ..tokens import derived_params, substrate_token
 from .base import CONTAINER_FIELDS, DurableProvider, Locality, container_name, merge_config, probe_ready
@@ -192,7 +193,7 @@ class ModalRuntime(DurableProvider):
         }
         env = dict(self.env_vars)
         env.update(
-            {"ROLLOUTS_ENV_TOKEN": substrate_token(key), "ROLLOUTS_ENV_PORT": str(self.port)}
+            {var("env_token"): substrate_token(key), ENV_PORT_VAR: str(self.port)}
         )
         kwargs: dict[str, Any] = {}
         res = config.resources

@@ -35,6 +35,8 @@ from typing import Any, ClassVar
 
 from ...errors import ConfigError, ProviderError
 from ...models import Endpoint, ProviderSpec, Task
+from ...protocol import SERVE_PORT_ANNOUNCEMENT
+from ...settings import var
 from ..paths import safe_name
 from ..tokens import derived_params, substrate_token
 from .base import DurableProvider, Locality, probe_ready
@@ -319,7 +321,7 @@ class SSHRuntime(DurableProvider):
         await self._sh(
             conn,
             self._in_wd(
-                f'wd=$(pwd); ( cd {env_dir} && ROLLOUTS_ENV_TOKEN="$(cat "$wd/{d}/token")" {pp}'
+                f'wd=$(pwd); ( cd {env_dir} && {var("env_token")}="$(cat "$wd/{d}/token")" {pp}'
                 f"exec setsid {' '.join(shlex.quote(c) for c in cmd)} "
                 f'>"$wd/{d}/log" 2>&1 </dev/null ) & echo $! > {d}/pid'
             ),
@@ -333,7 +335,7 @@ class SSHRuntime(DurableProvider):
             conn,
             self._in_wd(
                 f"pid=$(cat {d}/pid); n=0; while :; do "
-                f'p=$(sed -n "s/^ROLLOUTS_SERVE_PORT=\\([0-9][0-9]*\\).*/\\1/p" {d}/log '
+                f'p=$(sed -n "s/^{SERVE_PORT_ANNOUNCEMENT}\\([0-9][0-9]*\\).*/\\1/p" {d}/log '
                 f"| head -n 1); "
                 f'if [ -n "$p" ]; then echo "$p" > {d}/port; echo "PORT $p"; exit 0; fi; '
                 f'if ! alive "$pid"; then echo DEAD; tail -n {LOG_TAIL_LINES} {d}/log; exit 3; fi; '

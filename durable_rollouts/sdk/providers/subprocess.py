@@ -13,7 +13,6 @@ import asyncio
 import contextlib
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -24,19 +23,12 @@ from typing import Any, ClassVar
 
 from ...errors import ConfigError, ProviderError, ReadyTimeoutError
 from ...models import Endpoint, ProviderSpec, Task
+from ...processes import pid_alive, signal_process, stop_process_async
 from ...protocol import SERVE_PORT_ANNOUNCEMENT
 from ..labels import LABEL_HOST, LABEL_KEY, LABEL_WORKFLOW, workflow_for_key
 from ..locks import file_lock
 from ..paths import rollouts_home, safe_name
-from ..procs import (
-    is_env_server,
-    kill_group,
-    pid_alive,
-    read_state,
-    spawner_gone,
-    start_time,
-    write_state,
-)
+from ..procs import is_env_server, read_state, spawner_gone, start_time, write_state
 from .base import DurableProvider, Locality, Substrate, log_tail
 
 __all__ = ["SubprocessRuntime", "substrate_dir", "substrates_root"]
@@ -165,7 +157,7 @@ class SubprocessRuntime(DurableProvider):
                 if not held or state is None or int(state["pid"]) != pid or not await confirm():
                     return False
                 if is_env_server(pid, substrate.handle.get("birth")):
-                    kill_group(pid, int(substrate.handle.get("pgid") or pid))
+                    signal_process(pid, pgid=int(substrate.handle.get("pgid") or pid))
                 shutil.rmtree(directory, ignore_errors=True)
                 return True
         except OSError:  # the directory is gone: nothing left to reap
@@ -267,16 +259,9 @@ def _alive(pid: int, born: str | None = None) -> bool:
 async def _stop_group(pid: int, pgid: int, birth: str | None = None, grace: float = 3.0) -> None:
     """SIGTERM the group, wait up to ``grace`` seconds, then SIGKILL; reap our own child."""
     if _alive(pid, birth):  # identity checked once, before any signal
-        kill_group(pid, pgid, signal.SIGTERM)
-        deadline = time.monotonic() + grace
-        while _running(pid) and time.monotonic() < deadline:
-            await asyncio.sleep(0.02)
-        # Stragglers of the group (children the env spawned). The leader was ours just now,
-        # so this group id still belongs to it.
-        kill_group(pid, pgid, signal.SIGKILL)
-        deadline = time.monotonic() + 2.0
-        while _running(pid) and time.monotonic() < deadline:
-            await asyncio.sleep(0.02)
+        # The group's stragglers (children the env spawned) are killed too: the leader was ours
+        # just now, so this group id still belongs to it.
+        await stop_process_async(pid, pgid=pgid, grace_s=grace, alive=_running)
     child = _CHILDREN.pop(pid, None)
     if child is not None:
         with contextlib.suppress(Exception):
