@@ -86,6 +86,13 @@ class Settings(BaseModel):
     ssh_key: Path | None = _var(
         "ROLLOUTS_SSH_KEY", None, "Private key of `--runtime ssh://...` (`?key=` overrides).",
         shown="the first of `~/.ssh/id_ed25519`, `id_ecdsa`, `id_rsa`")
+    queue_timeout: float = _var(
+        "ROLLOUTS_QUEUE_TIMEOUT", 30.0, "Seconds a rollout step may wait on its substrate's own "
+        "(host or process) queue before that worker, and the substrate, count as gone and the "
+        "rollout reprovisions on a live worker (set when a batch starts).", gt=0)
+    daytona_known_hosts: Path | None = _var(
+        "ROLLOUTS_DAYTONA_KNOWN_HOSTS", None, "known_hosts file the Daytona SSH gateway's host "
+        "key is checked against; unset, it is not checked (Daytona publishes none).")
     gc_every: float = _var(
         "ROLLOUTS_GC_EVERY", 300.0, "Worker processes remove orphaned substrates every this "
         "many seconds; 0 disables it (`--gc-every` overrides).", ge=0)

@@ -50,7 +50,6 @@ from durable_rollouts.workflows.stream import PolicyRef, StreamOptions
 from durable_rollouts.workflows.types import (
     MAX_CONCURRENT,
     ON_ERROR_POLICIES,
-    QUEUE_TIMEOUT_S,
     Progress,
     TasksetRunInput,
     TasksetRunResult,
@@ -287,7 +286,7 @@ async def _start(taskset: Any, agent_spec: Any, provider_spec: Any, runtime: Any
         search_attributes=attrs_ok, retries=retries, on_error=on_error,  # type: ignore[arg-type]
         local_steps=getattr(runtime, "locality", "global") in ("process", "host"),
         ephemeral=bool(getattr(runtime, "ephemeral", False)),
-        queue_timeout_s=float(os.environ.get("ROLLOUTS_QUEUE_TIMEOUT") or QUEUE_TIMEOUT_S),
+        queue_timeout_s=settings().queue_timeout,
         stream=stream, policy=policy,
         **({"max_history_events": max_history_events, "flush_results_over": 0}
            if max_history_events else {}),

@@ -60,7 +60,7 @@ def cloud(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[DaytonaSt
     monkeypatch.setenv("DAYTONA_API_KEY", API_KEY)
     monkeypatch.setenv("DAYTONA_API_URL", standin.api_url)
     monkeypatch.setenv("DAYTONA_TARGET", "standin")
-    monkeypatch.setenv(daytona_module.KNOWN_HOSTS_ENV, str(standin.known_hosts))
+    monkeypatch.setenv("ROLLOUTS_DAYTONA_KNOWN_HOSTS", str(standin.known_hosts))
     yield standin
     daytona_module._FORWARDS.clear()
     standin.stop()
@@ -231,7 +231,7 @@ async def test_a_gateway_with_another_host_key_is_refused(cloud, tmp_path, monke
     other = asyncssh.generate_private_key("ssh-ed25519")
     bad = tmp_path / "bad_known_hosts"
     bad.write_text(f"[127.0.0.1]:{cloud.ssh_port} {other.export_public_key().decode()}")
-    monkeypatch.setenv(daytona_module.KNOWN_HOSTS_ENV, str(bad))
+    monkeypatch.setenv("ROLLOUTS_DAYTONA_KNOWN_HOSTS", str(bad))
     with pytest.raises(ConfigError, match="refused"):
         await _runtime(cloud).acquire(_task(), _key())
     assert not cloud.sandboxes  # deleted after the failed forward

@@ -26,13 +26,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-import os
 import shlex
 from collections.abc import Awaitable, Callable
 from contextlib import suppress
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from ...settings import settings
 from ...errors import ConfigError, ProviderError, ReadyTimeoutError
 from ...models import Endpoint, ProviderSpec, RuntimeConfig, Task
 from ...protocol import SERVE_PORT_ANNOUNCEMENT
@@ -68,7 +68,6 @@ DEFAULT_STARTUP_TIMEOUT_S = 300.0
 DEFAULT_RUN_TIMEOUT_S = 3600.0
 TTL_MARGIN_S = 600
 SESSION = "durable-rollouts-env"
-KNOWN_HOSTS_ENV = "ROLLOUTS_DAYTONA_KNOWN_HOSTS"
 LOG_TAIL_LINES = 40
 _POLL_S = 0.25
 _SSH_KEEPALIVE_S = 30
@@ -377,7 +376,8 @@ class DaytonaRuntime(DurableProvider):
 
         access = await sandbox.create_ssh_access(expires_in_minutes=self.ssh_expires_minutes)
         host, port = self._ssh_address()
-        known_hosts = os.environ.get(KNOWN_HOSTS_ENV) or None
+        known_hosts = settings().daytona_known_hosts
+        known_hosts = str(known_hosts) if known_hosts is not None else None
         logging.getLogger("asyncssh").addFilter(_REDACT)  # idempotent
         _REDACT.tokens.add(access.token)
         try:
