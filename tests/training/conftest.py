@@ -8,13 +8,32 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import pytest
+
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent / "temporal"))  # temporal_helpers (DevServer), counting_env
 sys.path.insert(0, str(HERE.parent / "cli"))  # cli_helpers (rollouts as a subprocess)
+sys.path.insert(0, str(HERE.parent / "capabilities"))  # scripted_llm (the model stand-in)
 
 
 
 
 from temporal_fixtures import client, dev_server, task_queue  # noqa: E402,F401  (shared fixtures)
+
+
+@pytest.fixture
+async def tool_job(client, task_queue):  # noqa: F811  (client is the shared fixture)
+    """One succeeded durable rollout whose trace is shaped like OpenAIChatAgent's: a system
+    prompt, a tool call with usage, logprobs and token ids, the tool result, a final answer."""
+    from temporal_helpers import ENV_FILE
+    from training_agents import ToolTraceAgent
+
+    from durable_rollouts.models import Task
+    from durable_rollouts.sdk.providers import LocalRuntime
+    from durable_rollouts.sdk.taskset import Taskset
+
+    task = Task(env="counting", id="echo", args={"expected": "a"}, source=ENV_FILE)
+    return await Taskset("tools", [task]).run(ToolTraceAgent(), runtime=LocalRuntime(ENV_FILE),
+                                              temporal=client, worker=True, task_queue=task_queue)
