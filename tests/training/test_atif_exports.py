@@ -163,6 +163,17 @@ async def test_the_policy_version_is_carried_without_endpoint_credentials(tool_j
             atif_rules.validate(row, "1.4" if fmt == "atif-1.4" else "1.8")
 
 
+async def test_a_re_run_rollout_names_its_attempt_as_the_trajectory_id(tool_job, tmp_path) -> None:
+    """session_id stays the stable rollout id; trajectory_id is the Rollout workflow of the
+    attempt that made the trace (``<rollout_id>-rN`` for the batch's n-th fresh re-run)."""
+    run = tool_job.runs[0]
+    run.attempt = 3  # as the second re-run of ``retries=2`` records it
+    (traj,) = lines(tool_job.export(tmp_path / "atif.jsonl", format="atif"))
+    atif_rules.validate(traj, "1.8")
+    assert (traj["session_id"], traj["trajectory_id"]) == (run.rollout_id, f"{run.rollout_id}-r2")
+    assert traj["extra"]["attempt"] == 3
+
+
 async def test_an_unknown_atif_version_is_one_clear_error(tool_job, tmp_path) -> None:
     for bad in ("atif-1.5", "atif-2", "ATIF"):
         with pytest.raises(ConfigError) as caught:
