@@ -220,7 +220,7 @@ def write_export(view: JobView, output: str, export_format: str = "jsonl") -> in
 
 def _check_output(opts: RunOptions) -> None:
     """``-o``/``--json``/``--format`` combinations that cannot work: one ConfigError line."""
-    from ..sdk.export_formats import FORMATS
+    from ..sdk.export_formats import check_format
 
     if opts.output == "-" and opts.as_json:
         raise ConfigError("-o - and --json both write to stdout: pick one")
@@ -230,8 +230,7 @@ def _check_output(opts: RunOptions) -> None:
         )
     if opts.output is not None and opts.output != "-" and not Path(opts.output).parent.exists():
         raise ConfigError(f"-o {opts.output}: folder {Path(opts.output).parent} does not exist")
-    if opts.export_format not in FORMATS:
-        raise ConfigError(f"--format {opts.export_format!r}: use one of {', '.join(FORMATS)}")
+    check_format(opts.export_format)
 
 
 async def run_batch(opts: RunOptions, out: Console, err: Console) -> int:

@@ -109,6 +109,8 @@ def cancel(
   rollouts export 3f2a9c... -o sft.jsonl --format openai
 
   rollouts export 3f2a9c... -o trajectories.jsonl --format atif
+
+  rollouts export 3f2a9c... -o trajectories-v1.4.jsonl --format atif-1.4
 """
 )
 def export(
@@ -117,7 +119,10 @@ def export(
         str, typer.Option("-o", "--output", help="JSONL file to write ('-' = stdout)")
     ],
     export_format: Annotated[
-        str, typer.Option("--format", help="jsonl (default), openai or atif")
+        str,
+        typer.Option(
+            "--format", help="jsonl (default), openai, atif (ATIF-v1.8), atif-1.8 or atif-1.4"
+        ),
     ] = "jsonl",
     temporal: TemporalOption = None,
     connect_timeout: ConnectTimeoutOption = 5.0,
@@ -126,9 +131,9 @@ def export(
 
     jsonl fields: job_id, rollout_id, slug, group_id, group_index, status, reward, dropped,
     task_id, env, args, grade, attempts, retries, retry_history, error, error_phase, prompt,
-    answer, trace. openai: chat fine-tuning lines (messages, tools) plus reward, group_id,
-    status. atif: one ATIF-v1.4 trajectory per line. reward is null unless the rollout
-    succeeded (its best-effort grade stays under grade).
+    answer, trace, policy_version. openai: chat fine-tuning lines (messages, tools) plus reward,
+    group_id, status, policy_version. atif: one ATIF-v1.8 trajectory per line (atif-1.4: ATIF-v1.4).
+    reward is null unless the rollout succeeded (its best-effort grade stays under grade).
     """
     from durable_rollouts.cli.views import export as export_job
 

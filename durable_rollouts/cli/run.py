@@ -103,7 +103,10 @@ def run(
     retries: RetriesOption = 0,
     on_error: OnErrorOption = "keep",
     export_format: Annotated[
-        str, typer.Option("--format", help="-o format: jsonl, openai or atif")
+        str,
+        typer.Option(
+            "--format", help="-o format: jsonl, openai, atif (ATIF-v1.8), atif-1.8 or atif-1.4"
+        ),
     ] = "jsonl",
 ) -> None:
     from durable_rollouts.cli.batch import RunOptions, run_batch

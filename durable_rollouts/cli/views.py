@@ -119,10 +119,9 @@ async def export(
     connect_timeout: float,
     export_format: str = "jsonl",
 ) -> int:
-    from ..sdk.export_formats import FORMATS
+    from ..sdk.export_formats import check_format
 
-    if export_format not in FORMATS:
-        raise ConfigError(f"--format {export_format!r}: use one of {', '.join(FORMATS)}")
+    check_format(export_format)
     client = await connect(temporal, connect_timeout)
     view = await load_job(client, job_id, traces=True)
     count = write_export(view, output, export_format)

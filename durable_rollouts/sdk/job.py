@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from ..models import ERROR_STATUSES, AgentSpec, RolloutResult
-from .export_formats import write_lines
+from .export_formats import check_format, write_lines
 from .run import Run
 from .tracestore import TraceStore
 
@@ -184,7 +184,9 @@ class Job:
 
     def export(self, path: str | Path, format: str = "jsonl") -> Path:
         """Write one line per run in ``format``: ``jsonl`` (our record), ``openai`` (chat
-        fine-tuning lines) or ``atif`` (one ATIF trajectory per line); see ``export_formats``."""
+        fine-tuning lines), ``atif`` (one ATIF-v1.8 trajectory per line) or ``atif-1.4``
+        (ATIF-v1.4); see ``export_formats``. An unknown format raises ConfigError."""
+        check_format(format)  # before the file is opened: a bad format leaves no empty file
         path = Path(path)
         with path.open("w") as fh:
             write_lines(self.runs, fh, format, self.agent)

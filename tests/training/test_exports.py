@@ -1,7 +1,7 @@
-"""Every export format, field by field, from a real durable job: ``jsonl`` (our record),
-``openai`` (chat fine-tuning lines) and ``atif`` (one ATIF-v1.4 trajectory per line, validated
-against a JSON schema written here from the RFC's published field list). The same lines come out
-of ``Job.export`` and of the ``rollouts export`` CLI (a real subprocess)."""
+"""The export formats from a real durable job: ``openai`` field by field, reward semantics in
+every format, and the same lines out of ``Job.export`` and of the ``rollouts export`` CLI (a real
+subprocess), including both ATIF versions and bad ``--format`` values. The ATIF mapping itself,
+validated against Harbor's published schema, is in ``test_atif_exports.py``."""
 
 from __future__ import annotations
 
@@ -9,60 +9,16 @@ import json
 from pathlib import Path
 from typing import Any
 
-import jsonschema
+import atif_rules
 import pytest
 from cli_helpers import rollouts
 from temporal_helpers import ENV_FILE
-from training_agents import TOOLS, PolicyAgent, ToolTraceAgent
+from training_agents import TOOLS, PolicyAgent
 
 from durable_rollouts.errors import ConfigError
 from durable_rollouts.models import Task
 from durable_rollouts.sdk.providers import LocalRuntime
 from durable_rollouts.sdk.taskset import Taskset
-
-_INT = {"type": "integer"}
-_STR = {"type": "string"}
-_OBJ = {"type": "object"}
-ATIF_SCHEMA: dict[str, Any] = {  # ATIF RFC v1.4: root, AgentSchema, StepObject, ToolCall, Observation, Metrics
-    "type": "object",
-    "required": ["schema_version", "session_id", "agent", "steps"],
-    "properties": {
-        "schema_version": {"const": "ATIF-v1.4"},
-        "session_id": _STR,
-        "notes": _STR,
-        "extra": _OBJ,
-        "agent": {"type": "object", "required": ["name", "version"],
-                  "properties": {"name": _STR, "version": _STR, "model_name": _STR, "extra": _OBJ}},
-        "final_metrics": {"type": "object", "properties": {
-            "total_prompt_tokens": _INT, "total_completion_tokens": _INT, "total_cached_tokens": _INT,
-            "total_cost_usd": {"type": "number"}, "total_steps": _INT, "extra": _OBJ}},
-        "steps": {"type": "array", "items": {
-            "type": "object",
-            "required": ["step_id", "source", "message"],
-            "properties": {
-                "step_id": {"type": "integer", "minimum": 1},
-                "timestamp": {"type": "string", "pattern": r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d"},
-                "source": {"enum": ["system", "user", "agent"]},
-                "model_name": _STR,
-                "message": _STR,
-                "reasoning_content": _STR,
-                "tool_calls": {"type": "array", "items": {
-                    "type": "object", "required": ["tool_call_id", "function_name", "arguments"],
-                    "properties": {"tool_call_id": _STR, "function_name": _STR, "arguments": _OBJ}}},
-                "observation": {"type": "object", "required": ["results"], "properties": {
-                    "results": {"type": "array", "items": {"type": "object", "properties": {
-                        "source_call_id": _STR, "content": _STR}}}}},
-                "metrics": {"type": "object", "properties": {
-                    "prompt_tokens": _INT, "completion_tokens": _INT, "cached_tokens": _INT,
-                    "cost_usd": {"type": "number"},
-                    "prompt_token_ids": {"type": "array", "items": _INT},
-                    "completion_token_ids": {"type": "array", "items": _INT},
-                    "logprobs": {"type": "array", "items": {"type": "number"}}, "extra": _OBJ}},
-                "extra": _OBJ,
-            },
-        }},
-    },
-}
 
 
 def echo(expected: str) -> Task:
@@ -71,13 +27,6 @@ def echo(expected: str) -> Task:
 
 def lines(path: Path) -> list[dict[str, Any]]:
     return [json.loads(x) for x in path.read_text().splitlines()]
-
-
-@pytest.fixture
-async def tool_job(client, task_queue):
-    """One succeeded rollout with a tool-calling trace."""
-    return await Taskset("tools", [echo("a")]).run(ToolTraceAgent(), runtime=LocalRuntime(ENV_FILE),
-                                                   temporal=client, worker=True, task_queue=task_queue)
 
 
 async def test_openai_lines_carry_messages_tool_calls_tools_and_the_reward(tool_job, tmp_path) -> None:
@@ -97,57 +46,37 @@ async def test_openai_lines_carry_messages_tool_calls_tools_and_the_reward(tool_
     assert (row["reward"], row["status"], row["group_id"], row["rollout_id"]) == (
         1.0, "succeeded", run.group_id, run.rollout_id)
     assert row["dropped"] is False and row["job_id"] == tool_job.id
-
-
-async def test_atif_trajectories_validate_and_keep_token_ids_and_logprobs(tool_job, tmp_path) -> None:
-    """atif: schema_version ATIF-v1.4, session_id = rollout id, agent name/version/model_name,
-    steps numbered from 1 with sources, tool calls with parsed arguments, the tool result as the
-    calling step's observation, per-step token metrics with logprobs and token ids, final_metrics
-    summed; our outcome under extra."""
-    (traj,) = lines(tool_job.export(tmp_path / "atif.jsonl", format="atif"))
-    jsonschema.validate(traj, ATIF_SCHEMA)
-    run = tool_job.runs[0]
-    assert traj["schema_version"] == "ATIF-v1.4" and traj["session_id"] == run.rollout_id
-    assert traj["agent"] == {"name": "training_agents:ToolTraceAgent", "version": "0.1.0",
-                             "model_name": "scripted-model"}
-    steps = traj["steps"]
-    assert [s["step_id"] for s in steps] == [1, 2, 3, 4]
-    assert [s["source"] for s in steps] == ["system", "user", "agent", "agent"]
-    assert steps[0]["message"] == "You are terse." and steps[1]["message"] == "Say 'a'."
-    call = steps[2]
-    assert call["tool_calls"] == [{"tool_call_id": "call_1", "function_name": "add", "arguments": {"a": 1, "b": 2}}]
-    assert call["observation"] == {"results": [{"source_call_id": "call_1", "content": "3"}]}
-    assert call["metrics"] == {"prompt_tokens": 11, "completion_tokens": 5, "logprobs": [-0.5, -0.25],
-                               "completion_token_ids": [5, 6], "prompt_token_ids": [1, 2, 3]}
-    assert call["model_name"] == "scripted-model"
-    assert steps[3]["message"] == "a" and steps[3]["metrics"] == {"prompt_tokens": 20, "completion_tokens": 2}
-    assert traj["final_metrics"] == {"total_prompt_tokens": 31, "total_completion_tokens": 7, "total_steps": 4}
-    assert traj["extra"]["reward"] == 1.0 and traj["extra"]["status"] == "succeeded"
-    assert traj["extra"]["group_id"] == run.group_id
+    assert row["policy_version"] is None  # this job never published a policy
 
 
 async def test_errored_rollouts_export_reward_null_in_every_format(client, task_queue, tmp_path) -> None:
-    """A failed agent: jsonl keeps the grade but reward null; openai and atif say reward null and
-    status errored too; the ATIF line records the agent's error as a system step and validates."""
+    """A failed agent: jsonl keeps the grade but reward null; openai and atif (both versions)
+    say reward null and status errored too; the ATIF lines record the agent's error as a system
+    step and validate against the schema of their version."""
     job = await Taskset("err", [echo("a")]).run(PolicyAgent(fail_expected=["a"]), runtime=LocalRuntime(ENV_FILE),
                                                 temporal=client, worker=True, task_queue=task_queue)
     (plain,) = lines(job.export(tmp_path / "a.jsonl"))
     (chat,) = lines(job.export(tmp_path / "b.jsonl", format="openai"))
-    (traj,) = lines(job.export(tmp_path / "c.jsonl", format="atif"))
     assert plain["reward"] is None and plain["grade"]["reward"] == 0.0 and plain["status"] == "errored"
     assert chat["reward"] is None and chat["status"] == "errored"
     assert [m["role"] for m in chat["messages"]] == ["user"]  # no answer: nothing to learn from
-    jsonschema.validate(traj, ATIF_SCHEMA)
-    assert traj["extra"]["reward"] is None and traj["extra"]["grade"]["reward"] == 0.0
-    assert any(s["source"] == "system" and "fails on purpose" in s["message"] for s in traj["steps"])
+    for fmt, version in (("atif", "1.8"), ("atif-1.4", "1.4")):
+        (traj,) = lines(job.export(tmp_path / f"{fmt}.jsonl", format=fmt))
+        atif_rules.validate(traj, version)
+        assert traj["extra"]["reward"] is None and traj["extra"]["grade"]["reward"] == 0.0
+        assert traj["extra"]["status"] == "errored" and traj["extra"]["error_phase"] == "agent loop"
+        assert any(s["source"] == "system" and "fails on purpose" in s["message"] for s in traj["steps"])
     with pytest.raises(ConfigError, match="unknown export format"):
         job.export(tmp_path / "d.jsonl", format="parquet")
+    assert not (tmp_path / "d.jsonl").exists()  # refused before the file was opened
 
 
 async def test_the_cli_exports_the_same_lines_as_job_export(dev_server, tool_job, tmp_path) -> None:
-    """`rollouts export JOB --format openai|atif` writes what Job.export writes; a bad --format
-    is one error line and exit code 2."""
-    for fmt in ("jsonl", "openai", "atif"):
+    """`rollouts export JOB --format openai|atif|atif-1.8|atif-1.4` writes what Job.export
+    writes (each ATIF line valid for its version); a bad --format or ATIF version is one error
+    line and exit code 2."""
+    versions = {"atif": "1.8", "atif-1.8": "1.8", "atif-1.4": "1.4"}
+    for fmt in ("jsonl", "openai", *versions):
         out = tmp_path / f"cli-{fmt}.jsonl"
         result = rollouts("export", tool_job.id, "-o", str(out), "--format", fmt,
                           "--temporal", dev_server.address)
@@ -159,6 +88,13 @@ async def test_the_cli_exports_the_same_lines_as_job_export(dev_server, tool_job
             assert [r["reward"] for r in theirs] == [r["reward"] for r in mine]
         else:
             assert theirs == mine
-    bad = rollouts("export", tool_job.id, "-o", str(tmp_path / "x"), "--format", "csv",
-                   "--temporal", dev_server.address)
-    assert bad.code == 2 and bad.err.strip().startswith("error:") and "Traceback" not in bad.err
+        for traj in theirs if fmt in versions else []:
+            atif_rules.validate(traj, versions[fmt])
+            assert traj["schema_version"] == f"ATIF-v{versions[fmt]}"
+    for bad_format, says in (("csv", "unknown export format 'csv'"),
+                             ("atif-1.5", "ATIF versions written are 1.8, 1.4")):
+        bad = rollouts("export", tool_job.id, "-o", str(tmp_path / "x"), "--format", bad_format,
+                       "--temporal", dev_server.address)
+        assert bad.code == 2 and "Traceback" not in bad.err, bad.err
+        assert bad.err.strip().startswith("error:") and says in bad.err and len(bad.err.strip().splitlines()) == 1
+        assert not (tmp_path / "x").exists()
