@@ -35,5 +35,3 @@ __all__ = [
     "rollout_id",
     "workflow_id",
 ]
-
-WORKFLOWS = [TasksetRun, Rollout]

@@ -310,3 +310,12 @@ def test_spec_round_trips_and_the_cli_names_it():
         parse_runtime("daytona:")
     with pytest.raises(ConfigError, match="HOST:PORT"):
         DaytonaRuntime("snap", ssh_host="gw:notaport")
+
+
+async def test_a_durable_rollout_on_daytona_records_the_card_steps(cloud, tmp_path):
+    from durable_shape import CARD, durable_shapes
+
+    job, shapes = await durable_shapes(_runtime(cloud), [_task(word="banana", letter="a")],
+                                       FixedAgent(answer="3"), tmp_path)
+    assert [r.reward for r in job.runs] == [1.0], [r.error for r in job.runs]
+    assert shapes == [CARD]

@@ -16,6 +16,7 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
+from history_scan import step_names
 from substrates_support import ENV_IMAGE_DIR, KEY_LABEL, MarkingSleepAgent
 from temporal_helpers import DevServer, WorkerProcess
 
@@ -104,6 +105,9 @@ async def test_twenty_rollouts_run_through_taskset_run_on_docker(docker_client, 
     )
     created = _created_keys(docker_client, since, job.id)
     assert len(created) == 20 and len(set(created)) == 20  # one container per rollout, no extras
+    for run in job.runs[:2]:  # the card's steps, as every runtime records them
+        history = await client.get_workflow_handle(run.rollout_id).fetch_history()
+        assert step_names(history) == ["provision", "connect", "start", "agent", "grade", "teardown"]
     assert _job_containers(docker_client, job.id) == []  # every one removed by teardown
 
 

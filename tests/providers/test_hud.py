@@ -174,3 +174,12 @@ def test_spec_round_trips_carries_no_key_and_the_cli_names_it(monkeypatch):
     assert parse_runtime("hud").environment is None
     with pytest.raises(ConfigError, match="expected http"):
         HUDRuntime(runtime_url="ftp://x")
+
+
+async def test_a_durable_rollout_on_hud_records_the_card_steps(gateway, tmp_path):
+    from durable_shape import CARD, durable_shapes
+
+    job, shapes = await durable_shapes(HUDRuntime(), [_task(word="banana", letter="a")],
+                                       FixedAgent(answer="3"), tmp_path)
+    assert [r.reward for r in job.runs] == [1.0], [r.error for r in job.runs]
+    assert shapes == [CARD]

@@ -141,3 +141,14 @@ async def test_live_modal_sandbox_serves_a_task():
             assert (await client.grade("3"))["score"] == 1.0
     finally:
         await runtime.release(endpoint)
+
+
+async def test_a_durable_rollout_on_modal_records_the_card_steps(fake_modal, tmp_path):
+    from durable_shape import CARD, durable_shapes
+
+    from durable_rollouts.sdk.agents import FixedAgent
+
+    job, shapes = await durable_shapes(_runtime(), [ENV.templates["count_letter"](word="banana", letter="a")],
+                                       FixedAgent(answer="3"), tmp_path)
+    assert [r.reward for r in job.runs] == [1.0], [r.error for r in job.runs]
+    assert shapes == [CARD]

@@ -266,3 +266,12 @@ def test_resources_ssh_cannot_honour_are_rejected_before_anything_starts():
     task = _task().model_copy(update={"runtime_config": RuntimeConfig(resources={"cpu": 2})})
     with pytest.raises(ConfigError, match="resources.cpu"):
         SSHRuntime("h", "u", "/k").check_task(task)
+
+
+async def test_a_durable_rollout_on_ssh_records_the_card_steps(ssh_host, tmp_path):
+    from durable_shape import CARD, durable_shapes
+
+    job, shapes = await durable_shapes(ssh_host.runtime(), [_task(word="banana", letter="a")],
+                                       FixedAgent(answer="3"), tmp_path)
+    assert [r.reward for r in job.runs] == [1.0], [r.error for r in job.runs]
+    assert shapes == [CARD]
