@@ -1,8 +1,7 @@
 """Worker and server CPU per rollout of one durable batch, with parts of the worker switched off.
 
     python benchmarks/bench_worker_cpu.py [--n 256] [--sleep 2] [--concurrency 64] [--repeats 2]
-        [--variants base,no-owner,no-heartbeat,no-board,patch-marker,open-step,close-step,
-         polls-10,polls-20,polls-10-half]
+        [--variants base,no-owner,no-heartbeat,no-board,polls-10,polls-20,polls-10-half]
         [--against REV]
 
 Each run is a fresh ``python`` process (so a variant's switch cannot leak into the next) on one
@@ -12,23 +11,15 @@ shared embedded server (a private ``ROLLOUTS_HOME``), and the variants are inter
 - ``base``: the worker as shipped (workflow activations on temporalio's thread pool);
 - ``no-owner``: without the ``OwnerInterceptor`` (substrate owner labels; benchmark only);
 - ``no-heartbeat``: the agent step's background heartbeat off (benchmark only);
-- ``no-board``: without the live-progress board interceptor (benchmark only);
-- ``patch-marker``: children started as faf8c5e's parent did (no ``RolloutInput.layout``), so
-  each new Rollout asks the ``rollout-v2-merged-steps`` patch: one marker event and one
-  TemporalChangeVersion upsert more per rollout (benchmark only);
-- ``open-step``: children started in layout 3, as c6e1d70's parent did: an in-process substrate
-  is opened by its own local activity before the agent step (one local activity, one marker
-  event and one control connection more per rollout; benchmark only);
-- ``close-step``: children started in layout 2, as bfc21b9's parent did: an in-process substrate
-  is graded and torn down by its own local activity after the agent step, not by the agent step
-  (one local activity and one marker event more per rollout; benchmark only).
+- ``no-board``: without the live-progress board interceptor (benchmark only).
 
 - ``polls-10``, ``polls-20``: 10 or 20 workflow-task polls instead of temporalio's 5 (the
   non-sticky queue, where every new Rollout's first workflow task waits, gets a fifth of them);
   ``polls-10-half``: 10 polls, half of them non-sticky.
 
 ``--against REV`` adds ``base@REV``: the same batch from a git worktree of an older commit (its
-own copy of this script and of the package), interleaved with the others.
+own copy of this script and of the package), interleaved with the others (e.g. ``--against
+8faef9e``, the last release whose in-process Rollout was one merged agent step).
 
 Prints wall, rollouts/s, CPU ms per rollout of the worker process (worker + client + the
 in-process env) and of the dev server, and each variant's worker CPU against ``base``.
@@ -47,8 +38,7 @@ from pathlib import Path
 
 from _common import LETTERS, letter_tasks, private_home  # the script's own folder
 
-VARIANTS = ("base", "no-owner", "no-heartbeat", "no-board", "patch-marker", "open-step",
-            "close-step", "polls-10", "polls-20", "polls-10-half")
+VARIANTS = ("base", "no-owner", "no-heartbeat", "no-board", "polls-10", "polls-20", "polls-10-half")
 
 
 def _switch_off(variant: str) -> None:
@@ -65,21 +55,13 @@ def _switch_off(variant: str) -> None:
         worker.OwnerInterceptor = Interceptor  # type: ignore[misc]
     if variant == "no-board":
         worker._Board = Interceptor  # type: ignore[misc]
-    if variant == "patch-marker":
-        import durable_rollouts.workflows.taskset_run as taskset_run
-
-        taskset_run.ROLLOUT_LAYOUT = 0  # type: ignore[misc]
-    if variant in ("open-step", "close-step"):
-        import durable_rollouts.workflows.taskset_run as taskset_run
-
-        taskset_run.ROLLOUT_LAYOUT = 3 if variant == "open-step" else 2  # type: ignore[misc]
     if variant == "no-heartbeat":
         from durable_rollouts.activities.rollout import RolloutActivities
 
         async def no_beat(self, step, details=None):  # type: ignore[no-untyped-def]
             return await step
 
-        RolloutActivities._beating = no_beat  # type: ignore[method-assign]
+        RolloutActivities.beating = no_beat  # type: ignore[method-assign]
 
 
 async def _one(variant: str, n: int, sleep: float, concurrency: int) -> dict[str, float]:

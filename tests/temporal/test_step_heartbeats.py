@@ -1,4 +1,4 @@
-"""The background beat of long steps (``RolloutActivities._beating``), in temporalio's own
+"""The background beat of long steps (``RolloutActivities.beating``), in temporalio's own
 activity environment: a step shorter than the beat interval sends no heartbeat (each one is a
 write of the workflow's state on the server), a longer one beats every interval, and a step that
 begins running late (an eagerly dispatched step counts as started on the server before a busy
