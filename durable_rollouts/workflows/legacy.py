@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Awaitable
 from datetime import timedelta
 from typing import Any
 
@@ -165,37 +166,15 @@ class LegacyRollout(AgentTurns):
         return result
 
     async def _run(self, inp: RolloutInput) -> RolloutResult:
-        started = workflow.time()
         self._timeout_s = inp.rollout_timeout_s
         self._local_steps = inp.local_steps
         self._queue = inp.task_queue
-        errors: list[str] = []
-        last_phase = "provisioning"
-        for attempt in range(1, inp.max_attempts + 1):
-            self._attempt = attempt
-            try:
-                # The rollout timeout bounds each attempt (a durable timer); on expiry the running
-                # step is cancelled and teardown still runs.
-                result = await asyncio.wait_for(self._attempt_once(inp, attempt), inp.rollout_timeout_s)
-            except asyncio.TimeoutError:
-                result = outcome.result(inp, "timeout", error=f"rollout timed out after {inp.rollout_timeout_s}s",
-                                        error_phase=self._last_phase)
-            except SubstrateGone as gone:
-                errors.append(f"attempt {attempt} ({gone.phase}): {gone}")
-                last_phase = gone.phase
-                workflow.logger.warning("rollout %s: substrate gone in %s: %s",
-                                        inp.rollout_id, gone.phase, gone)
-                continue
-            result.attempts = attempt
-            if errors:
-                prior = "; ".join(errors)
-                result.error = f"{result.error}; earlier: {prior}" if result.error else f"earlier: {prior}"
-            result.started_at = started
-            result.ended_at = workflow.time()
-            return result
-        return outcome.result(inp, "errored", attempts=inp.max_attempts, started=started,
-                              error=f"substrate gone {inp.max_attempts} times: " + "; ".join(errors),
-                              error_phase=last_phase)
+
+        def attempt(number: int) -> Awaitable[RolloutResult]:
+            self._attempt = number
+            return self._attempt_once(inp, number)
+
+        return await outcome.run_attempts(inp, attempt, lambda: self._last_phase)
 
     # -- one attempt ---------------------------------------------------------------------------
 

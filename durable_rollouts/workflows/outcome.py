@@ -8,6 +8,8 @@ search-attribute upserts its callers ask for. Deterministic: temporalio and the 
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from temporalio import workflow
@@ -27,6 +29,7 @@ __all__ = [
     "final_attributes",
     "graded",
     "result",
+    "run_attempts",
 ]
 
 # Upserted by every Rollout: running (or set at its start by the parent), then its final status.
@@ -99,3 +102,33 @@ def final_attributes(out: RolloutResult) -> list[SearchAttributeUpdate[Any]]:
     if out.error_phase:
         updates.append(KEY_ERROR_PHASE.value_set(out.error_phase))
     return updates
+
+
+async def run_attempts(inp: RolloutInput, attempt: Callable[[int], Awaitable[RolloutResult]],
+                       last_phase: Callable[[], str]) -> RolloutResult:
+    """Run rollout attempts until one has a result: a gone substrate starts the next attempt (up
+    to ``inp.max_attempts``), and every lost attempt's error is kept in the result. The rollout
+    timeout bounds each attempt (a durable timer): on expiry the running step is cancelled,
+    teardown still runs, and the result is ``timeout`` in the phase ``last_phase()`` names."""
+    started = workflow.time()
+    errors: list[str] = []
+    lost_in = "provisioning"
+    for number in range(1, inp.max_attempts + 1):
+        try:
+            out = await asyncio.wait_for(attempt(number), inp.rollout_timeout_s)
+        except asyncio.TimeoutError:
+            out = result(inp, "timeout", error=f"rollout timed out after {inp.rollout_timeout_s}s",
+                         error_phase=last_phase())
+        except SubstrateGone as gone:
+            errors.append(f"attempt {number} ({gone.phase}): {gone}")
+            lost_in = gone.phase
+            workflow.logger.warning("rollout %s: substrate gone in %s: %s", inp.rollout_id, gone.phase, gone)
+            continue
+        out.attempts = number
+        if errors:
+            prior = "; ".join(errors)
+            out.error = f"{out.error}; earlier: {prior}" if out.error else f"earlier: {prior}"
+        out.started_at, out.ended_at = started, workflow.time()
+        return out
+    return result(inp, "errored", attempts=inp.max_attempts, started=started,
+                  error=f"substrate gone {inp.max_attempts} times: " + "; ".join(errors), error_phase=lost_in)

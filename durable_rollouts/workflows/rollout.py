@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Awaitable
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
@@ -117,35 +118,13 @@ class CardRollout(AgentTurns):
         return result
 
     async def _attempts(self, inp: RolloutInput, plan: RolloutPlan) -> RolloutResult:
-        started = workflow.time()
-        errors: list[str] = []
-        last_phase = "provisioning"
         base_key = workflow.info().workflow_id  # the substrate key: this child's id, per attempt
-        for number in range(1, inp.max_attempts + 1):
+
+        def attempt(number: int) -> Awaitable[RolloutResult]:
             self._attempt = number
-            attempt = _Attempt(inp, plan, number, base_key if number == 1 else f"{base_key}-a{number}")
-            try:
-                # The rollout timeout bounds each attempt (a durable timer); on expiry the running
-                # step is cancelled and teardown still runs.
-                result = await asyncio.wait_for(self._walk(attempt), inp.rollout_timeout_s)
-            except asyncio.TimeoutError:
-                result = outcome.result(inp, "timeout", error_phase=self._last_phase,
-                                        error=f"rollout timed out after {inp.rollout_timeout_s}s")
-            except SubstrateGone as gone:
-                errors.append(f"attempt {number} ({gone.phase}): {gone}")
-                last_phase = gone.phase
-                workflow.logger.warning("rollout %s: substrate gone in %s: %s",
-                                        inp.rollout_id, gone.phase, gone)
-                continue
-            result.attempts = number
-            if errors:
-                prior = "; ".join(errors)
-                result.error = f"{result.error}; earlier: {prior}" if result.error else f"earlier: {prior}"
-            result.started_at, result.ended_at = started, workflow.time()
-            return result
-        return outcome.result(inp, "errored", attempts=inp.max_attempts, started=started,
-                              error=f"substrate gone {inp.max_attempts} times: " + "; ".join(errors),
-                              error_phase=last_phase)
+            return self._walk(_Attempt(inp, plan, number, base_key if number == 1 else f"{base_key}-a{number}"))
+
+        return await outcome.run_attempts(inp, attempt, lambda: self._last_phase)
 
     # -- one attempt: the walk ----------------------------------------------------------------
 
