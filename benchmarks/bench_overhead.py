@@ -6,8 +6,10 @@
 2. Throughput: ``--n`` rollouts of a ``--sleep`` s sleep agent at ``--concurrency``, through
    ``direct`` (``sdk.direct.run_direct``), ``plain`` (temporalio only: one parent workflow, one
    child per rollout, one sleeping activity each; ``_plain.py``), ``plain-sa`` (the same child
-   with the search attributes, summary and final upsert every Rollout has), ``plain-6steps`` (the same with
-   our Rollout's six steps, five of them no-op local activities), ``durable`` (``Taskset.run``),
+   with the search attributes, summary and final upsert every Rollout has), ``plain-6steps`` (the
+   same child with the card's six steps, five of them no-op local activities: the fair baseline of
+   the step shape), ``plain-6steps-sa`` (six steps and the search attributes: everything a Rollout
+   records, with no work in any step), ``durable`` (``Taskset.run``),
    ``cli`` (``rollouts run`` as a subprocess on a pseudo-terminal, so its live progress bar really
    renders) and ``cli-json`` (``rollouts run --json``, stderr not a terminal: no bar). The paths
    are interleaved ``--repeats`` times (drift on a busy box hits every path alike) and the medians
@@ -17,7 +19,8 @@
 4. ``--long``: 30 s agents, 128 rollouts, concurrency 64 (direct, plain, durable; ~4 min a repeat).
 
     python benchmarks/bench_overhead.py [--samples 20] [--n 256] [--sleep 2] [--repeats 3]
-        [--paths direct,plain,plain-sa,plain-6steps,durable,cli,cli-json] [--group-rows] [--long]
+        [--paths direct,plain,plain-sa,plain-6steps,plain-6steps-sa,durable,cli,cli-json]
+        [--group-rows] [--long]
         [--storage file|moto|URL]
 
 ``--storage`` picks ROLLOUTS_STORAGE for every path (``moto`` starts a local moto S3 server).
@@ -45,7 +48,7 @@ from _common import LETTERS, letter_tasks, percentile, private_home
 from _plain import plain_client, plain_worker, run_plain
 from _storage import add_storage_option, use_storage
 
-ALL_PATHS = ("direct", "plain", "plain-sa", "plain-6steps", "durable", "cli", "cli-json")
+ALL_PATHS = ("direct", "plain", "plain-sa", "plain-6steps", "plain-6steps-sa", "durable", "cli", "cli-json")
 CLI_QUEUE = "bench-cli"  # the CLI's own in-process worker; this process's worker never serves it
 
 
@@ -151,7 +154,7 @@ class Bench:
             return await self.measure(lambda: self.cli(name == "cli", n, sleep, concurrency),
                                       subprocess_cpu=True)
         runs = {"durable": durable, "direct": direct, "plain": plain, "plain-6steps": lambda: plain(6),
-                "plain-sa": lambda: plain(attrs=True)}
+                "plain-sa": lambda: plain(attrs=True), "plain-6steps-sa": lambda: plain(6, attrs=True)}
         return await self.measure(runs[name])
 
     async def cli(self, bar: bool, n: int, sleep: float, concurrency: int) -> int:
@@ -274,6 +277,7 @@ async def main(args: argparse.Namespace) -> None:
         ratio(rows, "durable", "plain", "durable/plain")
         ratio(rows, "durable", "plain-sa", "durable/plain-sa")
         ratio(rows, "durable", "plain-6steps", "durable/plain-6steps")
+        ratio(rows, "durable", "plain-6steps-sa", "durable/plain-6steps-sa")
         cpu_ratio(rows, args.n)
         ratio(rows, "cli", "cli-json", "cli (progress bar)/cli --json")
         ratio(rows, "cli", "durable", "cli (progress bar)/Taskset.run")
