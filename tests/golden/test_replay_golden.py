@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 from temporalio.client import WorkflowHistory
 from temporalio.worker import Replayer
+from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
 
 from durable_rollouts.temporal.codec import data_converter
 from durable_rollouts.workflows import Rollout, TasksetRun
@@ -56,7 +57,12 @@ def test_every_release_folder_has_a_manifest_naming_its_release_and_files() -> N
 
 @pytest.fixture(scope="module")
 def replayer() -> Replayer:
-    return Replayer(workflows=[TasksetRun, Rollout], data_converter=data_converter())
+    # The sandbox as a worker with ROLLOUTS_WORKFLOW_SANDBOX=1 runs it: our package passed
+    # through (each run re-imports nothing of ours), so replays also prove sandbox-compatibility.
+    runner = SandboxedWorkflowRunner(
+        restrictions=SandboxRestrictions.default.with_passthrough_modules("durable_rollouts"))
+    return Replayer(workflows=[TasksetRun, Rollout], data_converter=data_converter(),
+                    workflow_runner=runner)
 
 
 @pytest.mark.parametrize(("path", "kind", "wid"), FILES,
