@@ -27,6 +27,7 @@ from ..step_io import (
     AgentInput,
     GradeInput,
     VerifyInput,
+    graded_outcome,
 )
 from . import agent_step, merged_steps, steps, verify_once
 from .agents import Agent
@@ -155,7 +156,8 @@ class _Batch:
                         actor_raw=steps.actor_result(grade, run.trace.content, result.error),
                         provider=endpoint.provider, key=run.rollout_id), provider=self.runtime)
                 run.grade = grade
-                run.status = "errored" if (grade.is_error or run.trace.is_error) else "succeeded"
+                status, run.error_phase, run.error = graded_outcome(result, grade)
+                run.status = "errored" if status == "timeout" else status  # a rollout_timeout is "timeout" here
         except TimeoutError as exc:
             if scope is not None and scope.expired():
                 _fail(run, phase, TimeoutError(f"rollout timed out after {self.rollout_timeout}s"))
