@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
@@ -24,6 +25,8 @@ from ..errors import ConfigError, EnvError
 from ..hudcompat import import_hud
 
 __all__ = ["HudServer", "check_hud_serving", "serving_hud"]
+
+log = logging.getLogger(__name__)
 
 CLOSE_GRACE_S = 0.05
 
@@ -62,13 +65,12 @@ async def serving_hud(env: Any, host: str = "127.0.0.1", port: int = 0) -> Async
     try:
         await env.start()
     except Exception as exc:
-        with contextlib.suppress(Exception):
-            await env.stop()
+        await _stop_env(env)
         raise EnvError(f"initialize hook of HUD environment {env.name!r} failed: {exc!r}") from exc
     try:
         server = await server_module.bind(env, host, port)
     except BaseException:
-        await env.stop()
+        await _stop_env(env)
         raise
     try:
         yield HudServer(host=host, port=server.sockets[0].getsockname()[1])
@@ -81,4 +83,21 @@ async def serving_hud(env: Any, host: str = "127.0.0.1", port: int = 0) -> Async
             # hud's own teardown of a bound server (the one its serve() and LocalRuntime use).
             await server_module._shutdown(server)
         finally:
-            await env.stop()
+            await _stop_env(env)
+
+
+async def _stop_env(env: Any) -> None:
+    """hud's shutdown hooks (best effort, as hud runs them), in a task of their own.
+
+    A hook that awaits a task it has just cancelled ends in CancelledError (HUD's documented MCP
+    example does: its ``suppress(Exception)`` does not catch it). Under ``hud serve`` that happens
+    at process exit; served in a worker process it must not cancel whoever stops the environment
+    (a ``LocalRuntime`` release): it is logged, and the hooks after it did not run.
+    """
+    stopping = asyncio.ensure_future(env.stop())
+    await asyncio.wait({stopping})
+    if stopping.cancelled():
+        log.warning("a shutdown hook of HUD environment %r raised CancelledError; the hooks "
+                    "registered before it did not run", env.name)
+        return
+    stopping.result()

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError
 
 from ..errors import ConfigError
-from ..hudcompat import is_hud_agent_class
+from ..hudcompat import is_hud_agent_class, missing_hud
 from ..models import AgentSpec
 from .hud_compat import run_hud_agent
 
@@ -151,7 +151,8 @@ def resolve_class(path: str) -> type:
         try:
             module = importlib.import_module(module_name)
         except Exception as exc:  # an ImportError or anything the module raises on import
-            raise ConfigError(f"cannot import agent module {module_name!r}: {exc}") from exc
+            raise missing_hud(exc, f"agent module {module_name!r}") or ConfigError(
+                f"cannot import agent module {module_name!r}: {exc}") from exc
     obj: object = module
     for part in qualname.split("."):
         try:

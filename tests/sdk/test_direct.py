@@ -115,7 +115,7 @@ async def test_agent_timeout_stops_the_trace_and_still_grades(letters_path: Path
     for run in job.runs:
         assert run.trace.stop_reason == "timeout" and run.trace.status == "error"
         assert run.grade is not None and not run.grade.is_error and run.grade_reward == 0.0 and run.reward is None  # graded, but no reward
-        assert run.status == "errored"
+        assert run.status == "errored" and run.error_phase == "agent loop" and "timed out" in run.error
 
 
 async def test_failing_agent_is_recorded_and_graded_best_effort(letters_path: Path) -> None:
@@ -123,6 +123,7 @@ async def test_failing_agent_is_recorded_and_graded_best_effort(letters_path: Pa
     job = await run_direct(ts, FailAgent(message="model unreachable"), LocalRuntime(letters_path))
     run = job.runs[0]
     assert run.status == "errored" and run.trace.is_error
+    assert (run.error, run.error_phase) == ("RuntimeError: model unreachable", "agent loop")  # as durable runs
     assert any("model unreachable" in (s.error or "") for s in run.trace.steps)
     assert run.grade is not None and run.grade_reward == 0.0 and run.reward is None  # graded, but no reward
 
