@@ -12,6 +12,7 @@ Every error this package raises on purpose derives from :class:`DurableRolloutsE
     ├── InvalidStateError      an operation in the wrong session/connection state
     ├── ConnectionLostError    the channel dropped mid-call (retryable infrastructure)
     ├── SubstrateGoneError     the substrate behind an endpoint is gone: reprovision
+    │   └── SessionGoneError   it answers, but no longer knows the session (restarted, expired)
     ├── ProviderError          a provider could not place or remove an environment
     ├── EnvError               the environment itself failed (hook raised, capability never came up)
     ├── ModelAPIError          the model endpoint failed (retryable: 408/409/429/5xx, timeouts)
@@ -41,6 +42,7 @@ __all__ = [
     "ReadyTimeoutError",
     "RemoteTaskError",
     "ServerBusyError",
+    "SessionGoneError",
     "StepFailed",
     "SubstrateGoneError",
     "TaskNotFoundError",
@@ -99,6 +101,12 @@ class ConnectionLostError(DurableRolloutsError, ConnectionError):
 
 class SubstrateGoneError(DurableRolloutsError):
     """The substrate behind an endpoint no longer exists (refused, or its session is unknown)."""
+
+
+class SessionGoneError(SubstrateGoneError):
+    """The substrate answers but does not know the session any more (it restarted, the session
+    expired, or — on a HUD v6 server — the session was graded or had no task when its connection
+    closed)."""
 
 
 class StepFailed(DurableRolloutsError):

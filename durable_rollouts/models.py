@@ -7,12 +7,14 @@ in ``durable_rollouts.sdk``; anything with I/O lives in activities.
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import json
 import time
+from collections.abc import Iterable
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, computed_field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 __all__ = [
     "AgentSpec",
@@ -30,6 +32,7 @@ __all__ = [
     "RuntimeGPU",
     "RuntimeLimits",
     "RuntimeResources",
+    "ServerKind",
     "Session",
     "Step",
     "StrictModel",
@@ -140,47 +143,74 @@ class RuntimeConfig(_Model):
 # Tasks
 
 
-def task_slug(id: str, args: dict[str, Any]) -> str:
-    """Stable slug: the task id plus 8 hex of the SHA-1 of the sorted-args JSON."""
-    digest = hashlib.sha1(
-        json.dumps(args, sort_keys=True, separators=(",", ":"), default=str).encode()
-    ).hexdigest()[:8]
-    return f"{id}-{digest}"
+def task_slug(id: str, args: dict[str, Any] | None) -> str:
+    """A row's default slug, derived exactly as HUD v6 derives it (results join across tools).
+
+    The id alone when ``args`` is empty; otherwise the id, ``-`` and the first 8 hex digits of
+    the SHA-1 of the args as ``json.dumps(args, sort_keys=True, default=str)`` (the standard
+    separators, ASCII escapes).
+    """
+    if not args:
+        return id
+    text = json.dumps(args, sort_keys=True, default=str)
+    return f"{id}-{hashlib.sha1(text.encode(), usedforsecurity=False).hexdigest()[:8]}"
 
 
-class Task(_Model):
+def _near_miss(key: str, known: Iterable[str]) -> str | None:
+    """The known field name ``key`` is most likely a typo of, if any."""
+    close = difflib.get_close_matches(key, list(known), n=1, cutoff=0.8)
+    return close[0] if close else None
+
+
+class Task(BaseModel):
     """One row of a taskset: which env, which task template, which args — pure data.
 
     ``source`` says where the environment lives (an ``env.py`` path, a module, an image); a
     provider may use it or ignore it. ``verifier`` is an agent-less Task graded with this task's
     result; verifiers cannot be nested.
+
+    ``slug`` names the row in a taskset, in rollout ids and in results: a row that carries one
+    keeps it (as HUD does; rows recorded by earlier releases carry theirs), a row without one gets
+    :func:`task_slug`. ``validation``, ``agent_config`` and ``columns`` are HUD v6 row fields,
+    kept and written back; any other field a HUD row carries is kept too (``model_extra``) and
+    written back by ``to_file``, except a near-miss of a known field (``arg``), which is a typo.
     """
+
+    model_config = ConfigDict(extra="allow")
 
     env: str
     id: str
     args: dict[str, Any] = Field(default_factory=dict)
+    slug: str = ""
     source: str | None = None
     runtime_config: RuntimeConfig | None = None
     verifier: Task | None = None
+    validation: list[dict[str, Any]] | None = None
+    agent_config: dict[str, Any] | None = None
+    columns: dict[str, Any] | None = None
 
     @model_validator(mode="before")
     @classmethod
-    def _drop_slug(cls, data: Any) -> Any:
-        # `slug` is derived; accept it in files (exports carry it) but never trust it.
-        if isinstance(data, dict) and "slug" in data:
-            data = {k: v for k, v in data.items() if k != "slug"}
+    def _reject_typos(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            for key in data:
+                if isinstance(key, str) and key not in cls.model_fields:
+                    guess = _near_miss(key, cls.model_fields)
+                    if guess is not None:
+                        raise ValueError(f"unknown task field {key!r} (did you mean {guess!r}?)")
         return data
+
+    @model_validator(mode="after")
+    def _derive_slug(self) -> Task:
+        if not self.slug:
+            self.slug = task_slug(self.id, self.args)
+        return self
 
     @model_validator(mode="after")
     def _no_nested_verifier(self) -> Task:
         if self.verifier is not None and self.verifier.verifier is not None:
             raise ValueError("verifiers cannot be nested: a verifier task has its own verifier")
         return self
-
-    @computed_field  # type: ignore[prop-decorator]
-    @property
-    def slug(self) -> str:
-        return task_slug(self.id, self.args)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -224,6 +254,11 @@ class Endpoint(_Model):
     task_queue: str | None = None
 
 
+ServerKind = Literal["rollouts", "hud"]
+"""Which server answers a control channel: ours, or a HUD v6 one (``hud serve``, hud's
+``server.bind``), which keeps no task-less or graded session once its connection closes."""
+
+
 class Session(_Model):
     """A control-channel session opened by ``connect``; later steps resume it by id."""
 
@@ -231,6 +266,7 @@ class Session(_Model):
     env_name: str
     env_version: str
     bindings: list[dict[str, Any]] = Field(default_factory=list)
+    server: ServerKind = "rollouts"
 
 
 class SubScore(_Model):

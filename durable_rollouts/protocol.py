@@ -43,6 +43,7 @@ __all__ = [
     "Method",
     "PROTOCOL_VERSION",
     "SERVE_PORT_ANNOUNCEMENT",
+    "SUPPORTED_PROTOCOLS",
     "StartParams",
     "TunnelOpenParams",
     "error_frame",
@@ -54,6 +55,11 @@ __all__ = [
 
 PROTOCOL_VERSION = "1"
 """Bumped on any incompatible wire change; the client rejects a server speaking another."""
+
+SUPPORTED_PROTOCOLS: tuple[str, ...] = (PROTOCOL_VERSION,)
+"""Versions this side speaks, preferred first. A HUD v6 peer names none: its hello carries no
+``protocol`` and its hello reply has no ``protocol`` member (that is how a client tells a HUD
+server from ours)."""
 
 SERVE_PORT_ANNOUNCEMENT = f"{SERVE_PORT_VAR}="
 """Printed once by ``serve`` (followed by the port) after hooks ran and the port is bound."""
@@ -94,12 +100,30 @@ class _Params(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
-class HelloParams(_Params):
-    """``hello``: open a new session, or resume a parked one by id."""
+class HelloParams(BaseModel):
+    """``hello``: open a new session, or resume a parked one by id.
+
+    ``protocol``: the version the client speaks, or a list of them (preferred first); the reply
+    names the one chosen. ``workspace_routes`` and ``connections`` are what a HUD v6 client sends
+    when it brings a HUD workspace: checked to be lists (-32602 otherwise, as HUD's own server
+    does) and otherwise ignored, as is any other parameter a newer client may add.
+    """
+
+    model_config = ConfigDict(extra="ignore")
 
     session_id: str | None = None
     token: str | None = None
-    protocol: str | None = None
+    protocol: str | list[str] | None = None
+    workspace_routes: list[Any] = Field(default_factory=list)
+    connections: list[Any] = Field(default_factory=list)
+
+    def negotiate(self) -> str | None:
+        """The version to speak: the client's first one this side supports (ours when the client
+        names none); None when there is nothing in common."""
+        if self.protocol is None:
+            return PROTOCOL_VERSION
+        offered = [self.protocol] if isinstance(self.protocol, str) else self.protocol
+        return next((v for v in offered if v in SUPPORTED_PROTOCOLS), None)
 
 
 class EnvInfo(BaseModel):

@@ -41,6 +41,7 @@ __all__ = [
     "TeardownInput",
     "VerifierSession",
     "VerifyInput",
+    "graded_outcome",
 ]
 
 _Model = StrictModel
@@ -215,4 +216,20 @@ class AgentResult(_Model):
     # still up, and the workflow's close step grades it and tears it down.
     opened: Opened | None = None
 
+
+def graded_outcome(agent: AgentResult, grade: Grade) -> tuple[str, str | None, str | None]:
+    """``(status, error_phase, error)`` of a rollout whose agent ran and that was graded.
+
+    An agent timeout is ``timeout``; then a grade error is ``errored`` in ``grading``; then an
+    agent that failed (its exception, recorded in the trace) is ``errored`` in ``agent loop`` with
+    the exception's message; else ``succeeded``. Shared by the Rollout workflow and the direct
+    executor (which reports an agent timeout as ``errored``).
+    """
+    if agent.status == "timeout" or agent.stop_reason == "timeout":
+        return "timeout", "agent loop", agent.error or "agent timed out"
+    if grade.is_error:
+        return "errored", "grading", grade.content or "grade error"
+    if agent.status == "error" or agent.error:
+        return "errored", "agent loop", agent.error or "agent failed"
+    return "succeeded", None, None
 

@@ -196,7 +196,7 @@ class RolloutActivities:
     @activity.defn(name=ACT_GRADE)
     async def grade(self, inp: GradeInput) -> Grade:
         with map_errors():
-            return await self.beating(steps.grade(inp))
+            return await self.beating(steps.grade(inp, retried=activity.info().attempt > 1))
 
     @activity.defn(name=ACT_VERIFY_OPEN)
     async def verify_open(self, inp: VerifyInput) -> VerifierSession:

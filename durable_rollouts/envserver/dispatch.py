@@ -20,7 +20,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from ..errors import ConfigError, InvalidStateError, ProtocolError
 from ..protocol import (
-    PROTOCOL_VERSION,
+    SUPPORTED_PROTOCOLS,
     ErrorCode,
     FrameError,
     GradeParams,
@@ -166,12 +166,12 @@ class Dispatcher:
             conn.session = self.sessions.create(owner=conn.owner)
         return conn.session
 
-    def _hello_result(self, session: Session) -> dict[str, Any]:
+    def _hello_result(self, session: Session, protocol: str) -> dict[str, Any]:
         return HelloResult(
             session_id=session.id,
             env={"name": self.env.name, "version": self.env.version},  # type: ignore[arg-type]
             bindings=[c.manifest() for c in self.env.capabilities],
-            protocol=PROTOCOL_VERSION,
+            protocol=protocol,
         ).model_dump()
 
     async def _hello(self, conn: Connection, p: HelloParams) -> dict[str, Any]:
@@ -180,11 +180,13 @@ class Dispatcher:
             if owner is None:
                 raise _fail(ErrorCode.UNAUTHORIZED, "unauthorized: missing or wrong token")
             conn.authorized, conn.owner = True, owner
-        if p.protocol is not None and p.protocol != PROTOCOL_VERSION:
-            raise _fail(ErrorCode.INVALID_REQUEST, f"protocol {p.protocol} unsupported (server speaks {PROTOCOL_VERSION})")
+        protocol = p.negotiate()
+        if protocol is None:
+            speaks = ", ".join(SUPPORTED_PROTOCOLS)
+            raise _fail(ErrorCode.INVALID_REQUEST, f"protocol {p.protocol} unsupported (server speaks {speaks})")
         current = conn.session
         if p.session_id is None or (current is not None and current.id == p.session_id):
-            return self._hello_result(self._ensure_session(conn))
+            return self._hello_result(self._ensure_session(conn), protocol)
         target = self.sessions.get(p.session_id)
         if target is None or target.owner != conn.owner:  # another token's session: not yours to see
             raise _fail(ErrorCode.INVALID_REQUEST, f"unknown session {p.session_id}")
@@ -194,7 +196,7 @@ class Dispatcher:
             self.sessions.park(current)
         self.sessions.resume(target)
         conn.session = target
-        return self._hello_result(target)
+        return self._hello_result(target, protocol)
 
     async def _list(self, conn: Connection, _: _NoParams) -> dict[str, Any]:
         return {"tasks": [t.manifest() for t in self.env.templates.values()]}

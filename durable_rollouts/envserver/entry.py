@@ -2,7 +2,8 @@
 
 Shared by ``python -m durable_rollouts.envserver`` and ``rollouts serve``. User mistakes (a
 missing file, no environment, a public bind without a token) print one line on stderr and return
-2; a failing initialize hook returns 1 with the hook's name. The token comes from the
+2; a failing initialize hook returns 1 with the hook's name. A HUD v6 env file is served by
+hud's own server (``server.serving``): only on loopback, without a token (else exit 2). The token comes from the
 ``ROLLOUTS_ENV_TOKEN`` environment variable, never from argv. ``max_connections`` and
 ``max_tasks`` bound what one client can make the server hold (see ``EnvServer``).
 """
@@ -15,7 +16,9 @@ import sys
 
 from ..errors import ConfigError, EnvError
 from ..settings import settings, var
+from ..hudcompat import is_hud_environment
 from .environment import Environment
+from .hud_env import check_hud_serving
 from .loader import load_environment
 from .server import DEFAULT_MAX_CONNECTIONS, DEFAULT_MAX_TASKS, is_loopback, serve
 
@@ -86,6 +89,12 @@ def run_serve(
     except Exception as exc:  # the env file itself is broken: still one readable line
         _error(f"cannot load {target}: {type(exc).__name__}: {exc}")
         return 2
+    if is_hud_environment(env):  # served by hud's own server: loopback, no token
+        try:
+            check_hud_serving(env, loopback=is_loopback(host), token=token)
+        except ConfigError as exc:
+            _error(str(exc))
+            return 2
     return asyncio.run(
         _serve_until_signal(
             env, host, port, token, park_ttl_s=park_ttl_s, max_connections=max_connections, max_tasks=max_tasks

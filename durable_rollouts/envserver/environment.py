@@ -23,7 +23,8 @@ from collections.abc import AsyncGenerator, Callable
 from pathlib import Path
 from typing import Any, Generic, TypeVar
 
-from pydantic import BaseModel, TypeAdapter, ValidationError
+from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError, create_model
+from pydantic.json_schema import GenerateJsonSchema, JsonSchemaValue
 
 from ..errors import ConfigError, EnvError, TaskNotFoundError
 from ..models import Task
@@ -58,14 +59,6 @@ class Answer(BaseModel, Generic[T]):
     raw: str
 
 
-def _jsonable(value: Any) -> bool:
-    try:
-        json.dumps(value)
-    except (TypeError, ValueError):
-        return False
-    return True
-
-
 class Template:
     """One registered task template: an async-generator function plus its metadata."""
 
@@ -77,17 +70,20 @@ class Template:
         id: str,
         description: str,
         returns: Any,
+        input: Any = None,
     ) -> None:
         self.env = env
         self.fn = fn
         self.id = id
         self.description = description or (inspect.getdoc(fn) or "").strip()
         self.returns = returns
+        self.input = input
         self.signature = inspect.signature(fn)
         try:
             hints = typing.get_type_hints(fn)
         except Exception:  # unresolvable forward refs: fall back to Any for those
             hints = {}
+        self._hints = hints
         self._adapters: dict[str, TypeAdapter[Any]] = {}
         self.var_kwargs = False
         for name, param in self.signature.parameters.items():
@@ -149,26 +145,38 @@ class Template:
         return Answer[self.returns].model_construct(content=content, raw=raw)  # type: ignore[name-defined]
 
     def manifest(self) -> dict[str, Any]:
-        """The ``tasks.list`` entry: id, description, args schema, returns schema (or None)."""
-        properties: dict[str, Any] = {}
-        required: list[str] = []
+        """The ``tasks.list`` entry, shaped as HUD v6 shapes it: ``id``, ``description``,
+        ``args`` (the JSON schema of the parameters, each with its title), then ``input`` and
+        ``returns`` schemas only when the template declares them."""
+        entry: dict[str, Any] = {"id": self.id, "description": self.description, "args": self._args_schema()}
+        for key, declared in (("input", self.input), ("returns", self.returns)):
+            if declared is not None:
+                entry[key] = _schema(TypeAdapter(declared))
+        return entry
+
+    def _args_schema(self) -> dict[str, Any]:
+        """The parameters as one object schema (a pydantic model of them, its title dropped)."""
+        fields: dict[str, Any] = {}
         for name, adapter in self._adapters.items():
-            schema = _schema(adapter)
             default = self.signature.parameters[name].default
-            if default is inspect.Parameter.empty:
-                required.append(name)
-            elif _jsonable(default):
-                schema["default"] = default
-            properties[name] = schema
-        args: dict[str, Any] = {
-            "type": "object",
-            "properties": properties,
-            "additionalProperties": self.var_kwargs,
-        }
-        if required:
-            args["required"] = required
-        returns = _schema(self._answer_adapter) if self._answer_adapter is not None else None
-        return {"id": self.id, "description": self.description, "args": args, "returns": returns}
+            required = default is inspect.Parameter.empty
+            fields[name] = (self._hints.get(name, Any), ... if required else default)
+        try:
+            model = create_model("TaskArgs", __config__=ConfigDict(arbitrary_types_allowed=True), **fields)
+            schema = model.model_json_schema(schema_generator=_LenientSchema)
+        except Exception:  # a type or default pydantic cannot describe: the task still works
+            schema = {"properties": {name: {"title": name.replace("_", " ").title()} for name in fields},
+                      "type": "object"}
+        schema.pop("title", None)
+        schema["additionalProperties"] = self.var_kwargs
+        return schema
+
+
+class _LenientSchema(GenerateJsonSchema):
+    """Describes what it can: a parameter of a type JSON schema cannot express gets ``{}``."""
+
+    def handle_invalid_for_json_schema(self, schema: Any, error_info: str) -> JsonSchemaValue:
+        return {}
 
 
 def _schema(adapter: TypeAdapter[Any]) -> dict[str, Any]:
@@ -267,6 +275,7 @@ class Environment:
         *,
         id: str | None = None,
         description: str = "",
+        input: Any = None,
         returns: Any = None,
     ) -> Any:
         """Register an async-generator function as a task template (``@env.template()`` or bare).
@@ -274,6 +283,8 @@ class Environment:
         Args:
             id: the task id (default: the function name).
             description: shown by ``tasks.list`` (default: the docstring).
+            input: the type(s) the agent is given (a pydantic model or a union of them); published
+                as a JSON schema in ``tasks.list`` (as HUD v6 does), nothing else changes.
             returns: a type or pydantic model; the answer then arrives as ``Answer[returns]``.
 
         Raises:
@@ -287,7 +298,7 @@ class Environment:
             task_id = id or func.__name__
             if task_id in self.templates:
                 raise ValueError(f"duplicate task template id {task_id!r}")
-            tpl = Template(self, func, id=task_id, description=description, returns=returns)
+            tpl = Template(self, func, id=task_id, description=description, returns=returns, input=input)
             self.templates[task_id] = tpl
             return tpl
 

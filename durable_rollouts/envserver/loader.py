@@ -2,12 +2,14 @@
 
 ``load_environment("path/to/env.py")``, ``load_environment("pkg.module")`` or
 ``load_environment("pkg.module:attr")``. When a module defines several environments, ``name``
-picks one by attribute name or by ``Environment.name``.
+picks one by attribute name or by ``Environment.name``. A HUD v6 env file's ``hud.Environment``
+counts too (``server.serving`` serves it with hud's own server); when such a file cannot import
+hud, the error says how to install it.
 
 A user's file is run by :func:`import_file`, which lets it import the modules next to it (as
 ``python env.py`` would) without touching ``sys.path``: while the file runs, a finder placed just
 before Python's path finder resolves top-level names in the file's folder first, and it is removed
-afterwards. Imports only ``environment.py`` and the shared errors module.
+afterwards. Imports only ``environment.py`` and the shared errors and hudcompat modules.
 """
 
 from __future__ import annotations
@@ -21,8 +23,10 @@ import sys
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 from ..errors import ConfigError
+from ..hudcompat import is_hud_environment, missing_hud
 from .environment import Environment
 
 __all__ = ["import_file", "load_environment"]
@@ -71,8 +75,11 @@ def import_file(path: Path, module_name: str) -> ModuleType:
     try:
         with _siblings_importable(path.parent):
             spec.loader.exec_module(module)
-    except BaseException:
+    except BaseException as exc:
         sys.modules.pop(module_name, None)
+        no_hud = missing_hud(exc, str(path))
+        if no_hud is not None:
+            raise no_hud from None
         raise
     return module
 
@@ -82,8 +89,9 @@ def _import_env_file(path: Path) -> ModuleType:
     return sys.modules.get(module_name) or import_file(path, module_name)
 
 
-def load_environment(target: str, name: str | None = None) -> Environment:
-    """Load the environment defined by ``target`` (a ``.py`` path, ``module`` or ``module:attr``).
+def load_environment(target: str, name: str | None = None) -> Any:
+    """Load the environment defined by ``target`` (a ``.py`` path, ``module`` or ``module:attr``):
+    an :class:`Environment`, or a HUD v6 ``hud.Environment``.
 
     Raises:
         ConfigError: the target cannot be found or defines no (or several, without ``name``)
@@ -102,22 +110,27 @@ def load_environment(target: str, name: str | None = None) -> Environment:
         try:
             module = importlib.import_module(module_name)
         except ImportError as exc:
-            raise ConfigError(f"cannot import environment module {module_name!r}: {exc}") from exc
+            no_hud = missing_hud(exc, module_name)
+            raise no_hud or ConfigError(f"cannot import environment module {module_name!r}: {exc}") from exc
         source = getattr(module, "__file__", None)
         attr = attr or None
     if attr is not None:
         env = getattr(module, attr, None)
-        if not isinstance(env, Environment):
+        if not _is_environment(env):
             raise ConfigError(f"{target}: {attr!r} is not an Environment")
     else:
         env = _pick(module, target, name)
-    if source is not None and env.source is None:
+    if source is not None and isinstance(env, Environment) and env.source is None:
         env.source = source
     return env
 
 
-def _pick(module: ModuleType, target: str, name: str | None) -> Environment:
-    found = {k: v for k, v in vars(module).items() if isinstance(v, Environment)}
+def _is_environment(value: object) -> bool:
+    return isinstance(value, Environment) or is_hud_environment(value)
+
+
+def _pick(module: ModuleType, target: str, name: str | None) -> Any:
+    found = {k: v for k, v in vars(module).items() if _is_environment(v)}
     if name is not None:
         matches = [v for k, v in found.items() if name in (k, v.name)]
         if not matches:

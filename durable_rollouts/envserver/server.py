@@ -35,7 +35,9 @@ from ..protocol import (
     error_frame,
 )
 from .dispatch import DEFAULT_MAX_TASKS, Connection, Dispatcher
+from ..hudcompat import is_hud_environment
 from .environment import Environment
+from .hud_env import check_hud_serving, serving_hud
 from .tunnel import serve_tunnel
 
 __all__ = ["DEFAULT_MAX_CONNECTIONS", "DEFAULT_MAX_TASKS", "EnvServer", "is_loopback", "serve", "serving"]
@@ -292,11 +294,19 @@ async def serving(
 ) -> AsyncIterator[EnvServer]:
     """Serve ``env`` in-process for the duration of the block.
 
+    A HUD v6 ``hud.Environment`` is served by hud's own server instead (``hud_env``; loopback, no
+    token, the limits do not apply); the block then gets a :class:`~.hud_env.HudServer`.
+
     Example::
 
         async with serving(env) as server:
             client = await connect(server.url)
     """
+    if is_hud_environment(env):
+        check_hud_serving(env, loopback=is_loopback(host), token=token)
+        async with serving_hud(env, host, port) as hud_server:
+            yield hud_server  # type: ignore[misc]
+        return
     server = EnvServer(
         env,
         token=token,
@@ -323,7 +333,8 @@ async def serve(
     max_connections: int = DEFAULT_MAX_CONNECTIONS,
     max_tasks: int = DEFAULT_MAX_TASKS,
 ) -> None:
-    """Serve ``env`` until cancelled; prints ``ROLLOUTS_SERVE_PORT=<port>`` once ready."""
+    """Serve ``env`` (ours, or a HUD v6 one: see :func:`serving`) until cancelled; prints
+    ``ROLLOUTS_SERVE_PORT=<port>`` once ready."""
     async with serving(
         env,
         host,

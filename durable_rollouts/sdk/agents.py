@@ -1,8 +1,10 @@
 """Agents: the ``Agent`` base class, the built-in test agents, and loading agents from specs.
 
 An agent reaches a worker as data (``AgentSpec``: ``module:QualName`` or a built-in short name,
-plus its pydantic config) and is rebuilt there by :func:`load_agent`. Imports models, errors and
-run only; never envserver, providers or Temporal.
+plus its pydantic config) and is rebuilt there by :func:`load_agent`. A HUD v6 agent (a subclass
+of ``hud.agents.base.Agent``) travels the same way, as its own class path plus ``dump()``, and runs
+through :class:`HudAgent`; :func:`as_agent` accepts either kind of agent object. Imports models,
+errors, hudcompat, run and the HUD adapter only; never envserver, providers or Temporal.
 """
 
 from __future__ import annotations
@@ -11,12 +13,14 @@ import asyncio
 import importlib
 import sys
 from abc import ABC, abstractmethod
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError
 
 from ..errors import ConfigError
+from ..hudcompat import is_hud_agent_class, missing_hud
 from ..models import AgentSpec
+from .hud_compat import run_hud_agent
 
 if TYPE_CHECKING:
     from .run import Run
@@ -26,10 +30,13 @@ __all__ = [
     "BUILTIN_AGENTS",
     "FailAgent",
     "FixedAgent",
+    "HudAgent",
     "SleepAgent",
     "TableAgent",
+    "as_agent",
     "check_remote",
     "load_agent",
+    "resolve_class",
 ]
 
 
@@ -129,7 +136,8 @@ BUILTIN_AGENTS: dict[str, type[Agent]] = {
 }
 
 
-def _resolve_class(path: str) -> type:
+def resolve_class(path: str) -> type:
+    """The class named by ``module:QualName`` (ConfigError with the reason when it is not one)."""
     module_name, sep, qualname = path.partition(":")
     if not sep or not module_name or not qualname:
         raise ConfigError(
@@ -143,7 +151,8 @@ def _resolve_class(path: str) -> type:
         try:
             module = importlib.import_module(module_name)
         except Exception as exc:  # an ImportError or anything the module raises on import
-            raise ConfigError(f"cannot import agent module {module_name!r}: {exc}") from exc
+            raise missing_hud(exc, f"agent module {module_name!r}") or ConfigError(
+                f"cannot import agent module {module_name!r}: {exc}") from exc
     obj: object = module
     for part in qualname.split("."):
         try:
@@ -179,10 +188,63 @@ def load_agent(spec: AgentSpec | str) -> Agent:
     """
     if isinstance(spec, str):
         spec = AgentSpec(path=spec)
-    cls = BUILTIN_AGENTS.get(spec.path) or _resolve_class(spec.path)
+    cls = BUILTIN_AGENTS.get(spec.path) or resolve_class(spec.path)
+    if is_hud_agent_class(cls):
+        agent = HudAgent(agent=spec.path, config=spec.config)
+        agent.timeout_s = getattr(agent.hud_instance().config, "timeout_seconds", None)  # config checked now
+        return agent
     if not issubclass(cls, Agent):
         raise ConfigError(f"agent {spec.path!r} is not a durable_rollouts Agent subclass")
     try:
         return cls.model_validate(spec.config)
     except ValidationError as exc:
         raise ConfigError(f"invalid config for agent {spec.path!r}: {exc}") from exc
+
+
+class HudAgent(Agent):
+    """A HUD v6 agent (a subclass of ``hud.agents.base.Agent``) as a rollout's agent.
+
+    Build it with :func:`as_agent` (``run_direct``, ``Taskset.run`` and ``--agent file.py:Class``
+    do). ``agent`` is the HUD agent's ``module:Class`` and ``config`` its ``dump()``; the spec sent
+    to workers is exactly that pair (rebuilt there with the class's ``load``), so the Web UI and
+    exports name the user's class. Its ``config.timeout_seconds`` is the agent step's timeout.
+    """
+
+    agent: str
+    config: dict[str, Any] = Field(default_factory=dict)
+    _built: Any = PrivateAttr(default=None)
+
+    def spec(self) -> AgentSpec:
+        return AgentSpec(path=self.agent, config=self.config)
+
+    def hud_instance(self) -> Any:
+        """The HUD agent object (built from ``agent`` and ``config`` on first use)."""
+        if self._built is None:
+            cls = resolve_class(self.agent)
+            try:
+                self._built = cls.load(self.config)  # type: ignore[attr-defined]
+            except Exception as exc:  # its config class's ValidationError, mostly
+                raise ConfigError(f"invalid config for HUD agent {self.agent!r}: {exc}") from exc
+        return self._built
+
+    async def __call__(self, run: Run) -> None:
+        await run_hud_agent(self.hud_instance(), run)
+
+
+def as_agent(agent: Any) -> Agent:
+    """``agent`` as one of ours: an :class:`Agent` as is; a HUD v6 agent (instance or class)
+    wrapped in :class:`HudAgent`; anything else is a ConfigError."""
+    if isinstance(agent, Agent):
+        return agent
+    cls = agent if isinstance(agent, type) else type(agent)
+    if not is_hud_agent_class(cls):
+        raise ConfigError(f"agent must be a durable_rollouts Agent or a HUD agent, not {cls.__name__}")
+    if "<locals>" in cls.__qualname__:
+        raise ConfigError(f"HUD agent class {cls.__qualname__} is defined inside a function; workers "
+                          "cannot import it. Define it at module level.")
+    built = cls() if isinstance(agent, type) else agent
+    wrapper = HudAgent(agent=f"{cls.__module__}:{cls.__qualname__}", config=built.dump(),
+                       timeout_s=getattr(built.config, "timeout_seconds", None))
+    wrapper._built = built
+    return wrapper
+

@@ -7,6 +7,8 @@ accepted-then-closed and other ``OSError`` mean "not ready yet"). For every bind
 opens a loopback forwarder that tunnels through ``tunnel.open``, so ``binding(name)`` returns a
 url reachable from here, and ``await open(name)`` a live client for it (cached; closed with the
 client). ``close()`` does not send ``bye``: the session parks on the server.
+It also drives a HUD v6 server (same wire; its hello reply names no protocol): ``server`` says
+which kind answered, for the steps that must treat HUD's sessions differently (``channel``).
 
 Imports only the shared protocol/errors/streams modules and ``.capabilities``; never ``envserver``.
 """
@@ -30,8 +32,10 @@ from ..errors import (
     ProtocolError,
     ReadyTimeoutError,
 )
+from ..models import ServerKind
 from ..protocol import (
     PROTOCOL_VERSION,
+    SUPPORTED_PROTOCOLS,
     EnvInfo,
     ErrorCode,
     FrameError,
@@ -109,6 +113,7 @@ class EnvClient:
         self.host, self.port = parse_url(url)
         self.token = token
         self.session_id: str | None = None
+        self.server: ServerKind = "rollouts"  # "hud": a HUD v6 server (its hello reply names no protocol)
         self.env: EnvInfo | None = None
         self.bindings: list[dict[str, Any]] = []
         self._stream: _Stream | None = stream
@@ -161,14 +166,17 @@ class EnvClient:
         if self.token is not None:
             params["token"] = self.token
         result = await self._call(Method.HELLO, params)
-        if result.get("protocol") != PROTOCOL_VERSION:
+        # A HUD v6 server names no protocol in its reply (and ignores ours): its wire is ours.
+        spoken = result.get("protocol")
+        if spoken is not None and spoken not in SUPPORTED_PROTOCOLS:
             self._drop()
-            raise ProtocolError(ErrorCode.INTERNAL_ERROR, f"server speaks protocol {result.get('protocol')!r}")
+            raise ProtocolError(ErrorCode.INTERNAL_ERROR, f"server speaks protocol {spoken!r}")
         try:
             info = HelloResult.model_validate({**result, "bindings": result.get("bindings") or []})
         except ValidationError as exc:
             self._drop()
             raise ProtocolError(ErrorCode.INTERNAL_ERROR, f"malformed hello reply: {exc.errors()[0]['msg']}") from None
+        self.server = "rollouts" if spoken is not None else "hud"
         self.session_id = info.session_id
         self.env = info.env
         self.bindings = info.bindings

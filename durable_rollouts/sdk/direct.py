@@ -12,7 +12,7 @@ import contextlib
 import logging
 import time
 import uuid
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigError, StepFailed
 from ..models import (
@@ -27,9 +27,10 @@ from ..step_io import (
     AgentInput,
     GradeInput,
     VerifyInput,
+    graded_outcome,
 )
 from . import agent_step, merged_steps, steps, verify_once
-from .agents import Agent
+from .agents import Agent, as_agent
 from .job import Job
 from .providers.base import DurableProvider
 from .run import Run
@@ -47,7 +48,7 @@ _IN_PROCESS = AgentSpec(path="in-process")  # the direct path hands the agent ob
 _BEFORE_LAUNCH = {"resolving", "provisioning", "connecting", "starting task"}
 
 
-async def run_direct(taskset: Taskset, agent: Agent, runtime: DurableProvider, group: int | None = None,
+async def run_direct(taskset: Taskset, agent: Agent | Any, runtime: DurableProvider, group: int | None = None,
                      max_concurrent: int = 16, rollout_timeout: float | None = None, *,
                      job: Job | None = None, trace_store: TraceStore | None = None) -> Job:
     """Run every row ``group`` times, at most ``max_concurrent`` at once, and return the Job.
@@ -60,8 +61,7 @@ async def run_direct(taskset: Taskset, agent: Agent, runtime: DurableProvider, g
     """
     if not isinstance(runtime, DurableProvider):
         raise ConfigError(f"runtime must be a provider such as LocalRuntime(...), not {type(runtime).__name__}")
-    if not isinstance(agent, Agent):
-        raise ConfigError(f"agent must be a durable_rollouts Agent, not {type(agent).__name__}")
+    agent = as_agent(agent)  # ours, or a HUD v6 agent (wrapped)
     group = Job.batch_group(group, job)
     validate_batch(taskset, runtime=runtime, group=group, max_concurrent=max_concurrent,
                    rollout_timeout=rollout_timeout, agent_timeout=agent.timeout_s)
@@ -155,7 +155,8 @@ class _Batch:
                         actor_raw=steps.actor_result(grade, run.trace.content, result.error),
                         provider=endpoint.provider, key=run.rollout_id), provider=self.runtime)
                 run.grade = grade
-                run.status = "errored" if (grade.is_error or run.trace.is_error) else "succeeded"
+                status, run.error_phase, run.error = graded_outcome(result, grade)
+                run.status = "errored" if status == "timeout" else status  # a rollout_timeout is "timeout" here
         except TimeoutError as exc:
             if scope is not None and scope.expired():
                 _fail(run, phase, TimeoutError(f"rollout timed out after {self.rollout_timeout}s"))

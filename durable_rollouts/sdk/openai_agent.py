@@ -279,7 +279,7 @@ class OpenAIChatAgent(Agent):
                         box.routes[exposed] = ("mcp", mcp, tool.name)
                         box.specs.append({"type": "function", "function": {
                             "name": exposed, "description": tool.description or "",
-                            "parameters": dict(tool.input_schema or {"type": "object"}),
+                            "parameters": _input_schema(tool),
                         }})
         except BaseException:
             await box.close()
@@ -301,6 +301,13 @@ class OpenAIChatAgent(Agent):
         parts = [getattr(b, "text", None) or json.dumps(_dump(b)) for b in outcome.content]
         text = "\n".join(parts)
         return _clip(f"error: {text}" if outcome.is_error else text, self.max_output_chars)
+
+
+def _input_schema(tool: Any) -> dict[str, Any]:
+    """An MCP tool's argument schema: ``input_schema`` in mcp 2 (fastmcp 4), ``inputSchema`` in
+    mcp 1 (fastmcp 2 and 3, e.g. next to hud, which pins fastmcp 3)."""
+    schema = getattr(tool, "input_schema", None) or getattr(tool, "inputSchema", None)
+    return dict(schema or {"type": "object"})
 
 
 def _parse_arguments(name: str, raw: Any, toolbox: _Toolbox) -> dict[str, Any]:

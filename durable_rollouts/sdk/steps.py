@@ -16,6 +16,7 @@ import contextlib
 from pathlib import Path
 from typing import Any
 
+from ..errors import SessionGoneError
 from ..models import Endpoint, Grade, Session
 from ..step_io import (
     ConnectInput,
@@ -57,8 +58,12 @@ async def connect(inp: ConnectInput) -> Session:
 
 
 async def start(inp: StartInput) -> dict[str, Any] | Started:
-    """Start ``inp.task`` in the session; returns the prompt frame (``Started`` with ``with_session``)."""
-    client = await channel.resume(inp.endpoint, inp.session)
+    """Start ``inp.task`` in the session; returns the prompt frame (``Started`` with ``with_session``).
+
+    With ``with_session`` on a HUD v6 server the task starts in a new session (the connect step's
+    ended with its connection); ``Started.session`` names it for the later steps.
+    """
+    client = await channel.start_client(inp.endpoint, inp.session, may_move=inp.with_session)
     try:
         prompt = await channel.start_task(client, inp.task)
         return Started(session=channel.session_of(client), prompt=prompt) if inp.with_session else prompt
@@ -66,14 +71,22 @@ async def start(inp: StartInput) -> dict[str, Any] | Started:
         await client.close()
 
 
-async def grade(inp: GradeInput, *, client: channel.EnvClient | None = None) -> Grade:
-    """Grade the session's task with the agent's answer (idempotent on the server).
+async def grade(inp: GradeInput, *, client: channel.EnvClient | None = None, retried: bool = False) -> Grade:
+    """Grade the session's task with the agent's answer (idempotent on our server).
 
     ``client``: the agent's channel, still open (left open); None opens and closes one.
+    ``retried``: an earlier try of this step may have graded already. Our server then answers with
+    the same grade; a HUD v6 server has forgotten the graded session, and the grade is reported
+    lost (``channel.lost_grade``) instead of reprovisioning and re-running the agent.
     """
     if client is not None:
         return await channel.grade_in(client, inp.answer, inp.agent_error)
-    client = await channel.resume(inp.endpoint, inp.session)
+    try:
+        client = await channel.resume(inp.endpoint, inp.session)
+    except SessionGoneError as exc:
+        if retried and not channel.SERVER_TRAITS[inp.session.server].keeps_graded_sessions:
+            return channel.lost_grade(inp.session, inp.answer, inp.agent_error, exc)
+        raise
     try:
         return await channel.grade_in(client, inp.answer, inp.agent_error)
     finally:

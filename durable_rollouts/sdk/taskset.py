@@ -19,7 +19,9 @@ from typing import TYPE_CHECKING, Any
 from pydantic import ValidationError
 
 from ..errors import ConfigError
+from ..hudcompat import is_hud_task, is_hud_taskset, missing_hud
 from ..models import Task
+from .hud_compat import task_from_hud
 
 if TYPE_CHECKING:
     from .agents import Agent
@@ -36,13 +38,14 @@ class Taskset:
 
     Args:
         name: the taskset's name (jobs default to it).
-        tasks: the rows; two rows with the same slug are rejected.
+        tasks: the rows (``Task``, dicts, or HUD v6 ``hud.eval.Task`` rows); two rows with the
+            same slug are rejected.
 
     Raises:
         ConfigError: duplicate slugs, or a row that is not a Task.
     """
 
-    def __init__(self, name: str, tasks: Iterable[Task | dict[str, Any]] = ()) -> None:
+    def __init__(self, name: str, tasks: Iterable[Task | dict[str, Any] | Any] = ()) -> None:
         self.name = name
         self._tasks: dict[str, Task] = {}
         for row in tasks:
@@ -122,9 +125,10 @@ class Taskset:
     def from_file(cls, path: str | Path, name: str | None = None) -> Taskset:
         """Load rows from a ``.py`` module, a ``.json`` file or a ``.jsonl`` file.
 
-        A ``.py`` file is imported and scanned for ``Task`` objects, ``Taskset`` objects and
-        lists/tuples of tasks (a lone Taskset keeps its name). JSON is a list of rows or
-        ``{"name": ..., "tasks": [...]}``; JSONL is one row per line.
+        A ``.py`` file is imported and scanned for ``Task`` objects (HUD v6 ``hud.eval.Task``
+        rows too), ``Taskset`` objects and lists/tuples of tasks (a lone Taskset keeps its name).
+        JSON is a list of rows or ``{"name": ..., "tasks": [...]}``; JSONL is one row per line.
+        Rows written by HUD's ``Taskset.to_file`` load with every field kept.
         """
         path = Path(path)
         if not path.exists():
@@ -153,13 +157,15 @@ class Taskset:
         raise ConfigError(f"unsupported taskset file {path}: use .py, .json or .jsonl")
 
     def to_file(self, path: str | Path) -> Path:
-        """Write the rows as ``.json`` (``{"name", "tasks"}``) or ``.jsonl`` (one per line)."""
+        """Write the rows as ``.json`` (a list) or ``.jsonl`` (one per line), as HUD v6 writes
+        them: unset fields left out, every field a row carries (HUD's included) written, so
+        ``hud.Taskset.from_file`` reads the file too."""
         path = Path(path)
         rows = [t.model_dump(mode="json", exclude_none=True) for t in self]
         if path.suffix.lower() == ".jsonl":
             path.write_text("".join(json.dumps(r) + "\n" for r in rows))
         elif path.suffix.lower() == ".json":
-            path.write_text(json.dumps({"name": self.name, "tasks": rows}, indent=2) + "\n")
+            path.write_text(json.dumps(rows, indent=2) + "\n")
         else:
             raise ConfigError(f"to_file writes .json or .jsonl, not {path.suffix or path.name!r}")
         return path
@@ -213,15 +219,21 @@ class Taskset:
             on_error=on_error, retries=retries, **kwargs)
 
 
-def _as_task(row: Any) -> Task:
+def _as_task(row: Any, source: str | None = None) -> Task:
     if isinstance(row, Task):
         return row
+    if is_hud_task(row):  # a HUD v6 row: every field kept, source = its template's file
+        return task_from_hud(row, source)
     if isinstance(row, dict):
         try:
             return Task.model_validate(row)
         except ValidationError as exc:
             raise ConfigError(f"invalid task row {row!r}: {exc}") from exc
     raise ConfigError(f"a taskset row must be a Task or a dict, not {type(row).__name__}")
+
+
+def _is_row(value: Any) -> bool:
+    return isinstance(value, Task) or is_hud_task(value)
 
 
 def _scan_module(path: Path) -> tuple[Taskset | None, list[Task]]:
@@ -234,17 +246,20 @@ def _scan_module(path: Path) -> tuple[Taskset | None, list[Task]]:
     except ConfigError:
         raise
     except Exception as exc:
-        raise ConfigError(f"importing {path} failed: {type(exc).__name__}: {exc}") from exc
+        raise missing_hud(exc, str(path)) or ConfigError(
+            f"importing {path} failed: {type(exc).__name__}: {exc}") from exc
     tasksets: list[Taskset] = []
     rows: list[Task] = []
     for value in vars(module).values():
         if isinstance(value, Taskset):
             tasksets.append(value)
             rows.extend(value)
-        elif isinstance(value, Task):
-            rows.append(value)
-        elif isinstance(value, (list, tuple)) and value and all(isinstance(v, Task) for v in value):
-            rows.extend(value)
+        elif is_hud_taskset(value):
+            rows.extend(_as_task(v, str(path)) for v in value)
+        elif _is_row(value):
+            rows.append(_as_task(value, str(path)))
+        elif isinstance(value, (list, tuple)) and value and all(_is_row(v) for v in value):
+            rows.extend(_as_task(v, str(path)) for v in value)
     unique: dict[str, Task] = {}
     for task in rows:
         seen = unique.get(task.slug)

@@ -14,11 +14,7 @@ from __future__ import annotations
 import contextlib
 
 from ..errors import ConfigError, ProtocolError
-from ..models import (
-    Grade,
-    Session,
-    Task,
-)
+from ..models import Grade, Task
 from ..step_io import VerifierSession, VerifyInput
 from .providers import DurableProvider, provider_from_spec
 from .channel import (
@@ -27,9 +23,10 @@ from .channel import (
     end_session,
     fresh,
     grade_failure,
-    raise_start_error,
     ready_timeout,
     resume,
+    session_of,
+    start_task,
     to_grade,
 )
 from .steps import teardown_with
@@ -59,12 +56,8 @@ async def open_verifier(inp: VerifyInput, *, provider: DurableProvider | None = 
         owned, timeout, refused_limit = True, ready_timeout(endpoint), None
     client = await fresh(endpoint, timeout, refused_limit)
     try:
-        try:
-            await client.start_task(verifier.id, dict(verifier.args))
-        except ProtocolError as exc:
-            raise_start_error(exc, verifier)
-        session = Session(session_id=client.session_id, env_name=client.env.name,
-                          env_version=client.env.version, bindings=list(client.bindings))
+        await start_task(client, verifier)
+        session = session_of(client)
     finally:
         with contextlib.suppress(Exception):
             await client.close()  # no bye: the session parks with its task started

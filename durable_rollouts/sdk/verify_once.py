@@ -26,8 +26,8 @@ from .channel import (
     RESUME_TIMEOUT_S,
     fresh,
     grade_failure,
-    raise_start_error,
     ready_timeout,
+    start_task,
     to_grade,
 )
 from .steps import verdict_path
@@ -90,10 +90,7 @@ def _write_verdict(path: Path, grade: Grade, *, released: bool) -> None:
 
 async def _grade_verifier(client: EnvClient, verifier: Task, actor_raw: dict[str, Any]) -> Grade:
     try:
-        try:
-            await client.start_task(verifier.id, dict(verifier.args))
-        except ProtocolError as exc:
-            raise_start_error(exc, verifier)
+        await start_task(client, verifier)
         try:
             frame = await client.grade(actor_raw)
         except ProtocolError as exc:

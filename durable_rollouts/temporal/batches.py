@@ -31,7 +31,7 @@ from durable_rollouts.errors import ConfigError
 from durable_rollouts.models import Task
 from durable_rollouts.release import MEMO_KEY, release_name
 from durable_rollouts.sdk import lifetime
-from durable_rollouts.sdk.agents import check_remote
+from durable_rollouts.sdk.agents import as_agent, check_remote
 from durable_rollouts.sdk.job import Job, mark_dropped
 from durable_rollouts.sdk.run import Run
 from durable_rollouts.sdk.tracestore import TraceStore
@@ -218,6 +218,7 @@ async def start_job(taskset: Any, agent: Any, *, runtime: Any, group: int | None
         policy: the policy the first rollouts sample with.
     """
     rows = list(taskset)
+    agent = as_agent(agent)  # ours, or a HUD v6 agent (wrapped: it travels as its own class path)
     group = Job.batch_group(group, job)
     on_error = check_policy(retries, on_error)
     validate_batch(rows, runtime=runtime, group=group, max_concurrent=max_concurrent,

@@ -17,7 +17,7 @@ from temporalio.common import SearchAttributeKey, SearchAttributeUpdate
 
 with workflow.unsafe.imports_passed_through():
     from durable_rollouts.models import Grade, RolloutResult
-    from durable_rollouts.step_io import AgentResult
+    from durable_rollouts.step_io import AgentResult, graded_outcome
     from durable_rollouts.workflows.types import RolloutInput
 
 __all__ = [
@@ -79,14 +79,7 @@ def result(inp: RolloutInput, status: str, *, error: str | None = None,
 
 def graded(inp: RolloutInput, agent: AgentResult, grade: Grade) -> RolloutResult:
     """The result of a graded rollout: succeeded, or why not (same as the direct executor)."""
-    if agent.status == "timeout" or agent.stop_reason == "timeout":
-        status, phase, error = "timeout", "agent loop", agent.error or "agent timed out"
-    elif grade.is_error:
-        status, phase, error = "errored", "grading", grade.content or "grade error"
-    elif agent.status == "error" or agent.error:
-        status, phase, error = "errored", "agent loop", agent.error or "agent failed"
-    else:
-        status, phase, error = "succeeded", None, None
+    status, phase, error = graded_outcome(agent, grade)
     out = result(inp, status, error=error, error_phase=phase)
     out.grade = grade
     out.reward = None if grade.is_error else grade.reward

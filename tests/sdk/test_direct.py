@@ -126,6 +126,7 @@ async def test_agent_timeout_stops_the_trace_and_still_grades(letters_path: Path
         assert not run.trace.content  # "3" would have scored 1
         assert run.grade is not None and not run.grade.is_error and run.grade_reward == 0.0
         assert run.reward is None and run.status == "errored"  # graded, but no reward
+        assert run.error_phase == "agent loop" and "timed out" in run.error
 
 
 async def test_failing_agent_is_recorded_and_graded_best_effort(letters_path: Path) -> None:
@@ -133,6 +134,7 @@ async def test_failing_agent_is_recorded_and_graded_best_effort(letters_path: Pa
     job = await run_direct(ts, FailAgent(message="model unreachable"), LocalRuntime(letters_path))
     run = job.runs[0]
     assert run.status == "errored" and run.trace.is_error
+    assert (run.error, run.error_phase) == ("RuntimeError: model unreachable", "agent loop")  # as durable runs
     assert any("model unreachable" in (s.error or "") for s in run.trace.steps)
     assert run.grade is not None and run.grade_reward == 0.0 and run.reward is None  # graded, but no reward
 

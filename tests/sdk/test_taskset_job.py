@@ -10,7 +10,7 @@ import pytest
 
 from durable_rollouts import Job, Task, Taskset
 from durable_rollouts.errors import ConfigError
-from durable_rollouts.models import Grade, RolloutResult, Trace
+from durable_rollouts.models import Grade, RolloutResult, Trace, task_slug
 from durable_rollouts.sdk.run import Run
 from durable_rollouts.sdk.tracestore import TraceStore
 
@@ -51,8 +51,9 @@ def test_json_round_trip_keeps_rows_and_slugs(tmp_path: Path, suffix: str) -> No
 
 
 def test_json_list_and_bad_files(tmp_path: Path) -> None:
-    (tmp_path / "l.json").write_text(json.dumps([{"env": "e", "id": "t", "slug": "ignored"}]))
-    assert Taskset.from_file(tmp_path / "l.json").slugs[0].startswith("t-")
+    (tmp_path / "l.json").write_text(json.dumps([{"env": "e", "id": "t", "slug": "mine"}, {"env": "e", "id": "t"},
+                                                 {"env": "e", "id": "t", "args": {"a": 1}}]))
+    assert Taskset.from_file(tmp_path / "l.json").slugs == ["mine", "t", task_slug("t", {"a": 1})]  # a given slug is kept
     (tmp_path / "bad.jsonl").write_text("{not json\n")
     with pytest.raises(ConfigError, match="invalid JSON"):
         Taskset.from_file(tmp_path / "bad.jsonl")

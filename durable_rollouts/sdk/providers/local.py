@@ -69,6 +69,7 @@ class LocalRuntime(DurableProvider):
     def __init__(self, source: Any = None, *, env_name: str | None = None,
                  ready_timeout: float = 60.0) -> None:
         from ...envserver import Environment  # lazy: serving needs it, importing this does not
+        from ...hudcompat import is_hud_environment
 
         self.env_name = env_name
         self.ready_timeout = ready_timeout
@@ -76,7 +77,7 @@ class LocalRuntime(DurableProvider):
         self.live: Any = None
         self.factory: Callable[[Task], Any] | None = None
         self._handle: str | None = None
-        if isinstance(source, Environment):
+        if isinstance(source, Environment) or is_hud_environment(source):  # ours, or a HUD v6 one
             self.live = source
         elif isinstance(source, (str, Path)):
             self.path = _resolved(str(source))
@@ -184,6 +185,7 @@ class LocalRuntime(DurableProvider):
 
     async def _environment_for(self, task: Task) -> Any:
         from ...envserver import Environment, load_environment
+        from ...hudcompat import is_hud_environment
 
         if self.factory is not None:
             env = self.factory(task)
@@ -200,7 +202,7 @@ class LocalRuntime(DurableProvider):
                 raise
             except Exception as exc:
                 raise ConfigError(f"cannot load environment {task.env!r} from {target}: {exc}") from exc
-        if not isinstance(env, Environment):
+        if not (isinstance(env, Environment) or is_hud_environment(env)):
             raise ConfigError(f"LocalRuntime source gave {type(env).__name__}, not an Environment")
         return env
 
