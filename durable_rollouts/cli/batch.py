@@ -39,6 +39,7 @@ __all__ = [
     "run_batch",
     "ui_base",
     "write_export",
+    "write_runs",
 ]
 
 
@@ -201,12 +202,16 @@ def job_json(view: JobView, ui: str | None) -> dict[str, Any]:
 
 def write_export(view: JobView, output: str, export_format: str = "jsonl") -> int:
     """Write the job's runs as ``export_format`` lines to ``output`` ('-' = stdout)."""
+    return write_runs(view.runs, output, export_format, view.batches[0].input.agent)
+
+
+def write_runs(runs: list[Any], output: str, export_format: str = "jsonl", agent: Any = None) -> int:
+    """Write ``runs`` as ``export_format`` lines to ``output`` ('-' = stdout); how many."""
     from ..sdk.export_formats import records
 
-    agent = view.batches[0].input.agent
     lines = [
         json.dumps(rec, default=str, ensure_ascii=False) + "\n"
-        for rec in records(view.runs, export_format, agent)
+        for rec in records(runs, export_format, agent)
     ]
     if output == "-":
         sys.stdout.write("".join(lines))
