@@ -9,17 +9,15 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from rich.console import Console
 
 from durable_rollouts.cli import render
-from durable_rollouts.cli.batch import ui_base, write_runs
+from durable_rollouts.cli.batch import announce, check_output, ui_base, write_runs
 from durable_rollouts.cli.progress import follow
 from durable_rollouts.temporal.jobs import connect
 
-from ..errors import ConfigError
 from ..settings import settings
 
 __all__ = ["RegradeOptions", "regrade_job"]
@@ -42,16 +40,6 @@ class RegradeOptions:
     export_format: str = "jsonl"
 
 
-def _check_output(opts: RegradeOptions) -> None:
-    from ..sdk.export_formats import check_format
-
-    if opts.output == "-" and opts.as_json:
-        raise ConfigError("-o - and --json both write to stdout: pick one")
-    if opts.output is not None and opts.output != "-" and not Path(opts.output).parent.exists():
-        raise ConfigError(f"-o {opts.output}: folder {Path(opts.output).parent} does not exist")
-    check_format(opts.export_format)
-
-
 async def _load(opts: RegradeOptions) -> tuple[Any, Any]:
     """(the client, the ReplayTaskset of ``opts.source``): a file is read before connecting."""
     from ..sdk.replay import is_export_path, replay_taskset
@@ -68,16 +56,13 @@ async def regrade_job(opts: RegradeOptions, out: Console, err: Console) -> int:
 
     from .specs import add_cwd_to_path, check_sources, parse_runtime
 
-    _check_output(opts)
+    check_output(opts.output, opts.as_json, opts.export_format)
     runtime = parse_runtime(opts.runtime) if opts.runtime is not None else None
     client, replay = await _load(opts)
     if runtime is None and replay.runtime_spec is None and opts.grader is None:
         runtime = parse_runtime("local")  # an export file names no runtime: as `rollouts run`
     replay, runtime = replay.for_grading(runtime, opts.grader)
     check_sources(replay, runtime)
-    if not replay.rollouts:
-        raise ConfigError(f"nothing to re-grade: none of the {len(replay.skipped)} saved rollouts "
-                          f"of {opts.source} has an answer")
     add_cwd_to_path()
     embedded = resolve_address(opts.temporal) is None
     handles = await replay.run(
@@ -85,12 +70,9 @@ async def regrade_job(opts: RegradeOptions, out: Console, err: Console) -> int:
         worker=embedded if opts.worker is None else opts.worker, task_queue=settings().task_queue,
         wait=False)
     job = handles[0].job
-    ui = ui_base(opts.temporal)
-    err.print(f"job {job.id}: re-grading {len(replay.rollouts)} rollouts of {opts.source} "
-              f"({len(replay.skipped)} skipped), runtime {runtime.spec().kind}", highlight=False)
-    link = render.ui_link(ui, job.id)
-    if link:
-        err.print(f"Web UI: {link}", highlight=False, soft_wrap=True)
+    announce(err, job.id, f"re-grading {len(replay.rollouts)} rollouts of {opts.source} "
+             f"({len(replay.skipped)} skipped), runtime {runtime.spec().kind}",
+             ui_base(opts.temporal))
     try:  # the handles come in the order of replay.batches()
         for index, (handle, batch) in enumerate(zip(handles, replay.batches())):
             label = "re-grading" if len(handles) == 1 else f"batch {index}"
