@@ -39,6 +39,7 @@ __all__ = ["RegradeSummary", "ReplayBatch", "ReplayTaskset", "RewardChange", "ch
 
 JOB_READER = "durable_rollouts.temporal.regrade"  # its saved_job reads a job id's rollouts
 FILE_RUNTIMES = ("local", "subprocess")  # the runtimes that serve a row's env file (``source``)
+STORE_CONCURRENCY = 32  # saved traces written to the store at once (those of an export file)
 
 
 @dataclass
@@ -221,7 +222,7 @@ class ReplayTaskset(Taskset):
         handles: list[Any] = []
         try:
             for batch in batches:
-                manifest = await asyncio.to_thread(_manifest_for, batch)
+                manifest = await _manifest_for(batch)
                 handles.append(await executor.run_taskset(
                     Taskset(self.name, batch.rows), ReplayAgent(manifest=manifest),
                     runtime=runtime, group=batch.group, max_concurrent=max_concurrent, job=job,
@@ -265,20 +266,24 @@ def _with_source(rollout: SavedRollout, source: str) -> SavedRollout:
     return replace(rollout, task=task)
 
 
-def _manifest_for(batch: ReplayBatch) -> str:
+async def _manifest_for(batch: ReplayBatch) -> str:
     """Store the batch's manifest (and any saved trace the workers cannot read yet); its uri."""
-    store = TraceStore()
-    entries = {}
-    for key, rollout in batch.members.items():
-        uri = rollout.trace_uri
-        if uri is None or not uri.startswith("rollouts-storage:"):
-            assert rollout.trace is not None  # skip_reason is None: it has an answer
-            uri = store.put(rollout.trace.model_copy(deep=True)).uri
-        entries[key] = ReplayEntry(
-            trace=uri, job_id=rollout.job_id, rollout_id=rollout.rollout_id,
-            group_id=rollout.group_id, group_index=rollout.group_index, status=rollout.status,
-            reward=rollout.reward, grade_reward=rollout.grade_reward)
-    return ReplayManifest(entries=entries).store()
+    store, gate = TraceStore(), asyncio.Semaphore(STORE_CONCURRENCY)
+
+    async def trace_uri(rollout: SavedRollout) -> str:
+        if rollout.trace_uri is not None and rollout.trace_uri.startswith("rollouts-storage:"):
+            return rollout.trace_uri
+        assert rollout.trace is not None  # skip_reason is None: it has an answer
+        async with gate:
+            return (await store.aput(rollout.trace.model_copy(deep=True))).uri
+
+    uris = await asyncio.gather(*(trace_uri(r) for r in batch.members.values()))
+    entries = {
+        key: ReplayEntry(trace=uri, job_id=r.job_id, rollout_id=r.rollout_id, group_id=r.group_id,
+                         group_index=r.group_index, status=r.status, reward=r.reward,
+                         grade_reward=r.grade_reward)
+        for (key, r), uri in zip(batch.members.items(), uris)}
+    return await asyncio.to_thread(ReplayManifest(entries=entries).store)
 
 
 def check_grader(path: str | Path, rollouts: list[SavedRollout]) -> str:

@@ -82,6 +82,25 @@ async def test_regrade_of_a_job_id_grades_saved_answers_anew_without_calling_the
     assert [s["rollout_id"] for s in summary.to_dict()["skipped"]] == [skipped.rollout_id]
 
 
+async def test_a_rollout_the_new_grader_rejects_is_errored_and_counts_as_changed(
+        client, task_queue, tmp_path) -> None:
+    """The new grader raises for one task: that re-graded rollout is errored at grading (no
+    reward) and the comparison counts it as changed, next to the other one's new reward."""
+    grades = tmp_path / "grades.log"
+    original = await Taskset("boom", [echo("a", grades), echo("boom", grades)]).run(
+        PolicyAgent(), runtime=LocalRuntime(ENV_FILE), temporal=client, worker=True,
+        task_queue=task_queue)
+    replay = await Taskset.replay(original)
+    job = await replay.run(grader=GRADER, temporal=client, worker=True, task_queue=task_queue)
+    assert [(r.status, r.reward, r.error_phase) for r in job.runs] == [
+        ("succeeded", 0.25, None), ("errored", None, "grading")]
+    assert "this grader rejects boom" in (job.runs[1].error or "")
+    summary = replay.compare(job)
+    assert [(c.old_reward, c.new_reward, c.new_status) for c in summary.changed] == [
+        (1.0, 0.25, "succeeded"), (1.0, None, "errored")]
+    assert (summary.old_reward, summary.new_reward) == (1.0, 0.25)
+
+
 async def test_regrade_from_an_exported_jsonl_file_runs_the_verifier_again(
         client, task_queue, tmp_path) -> None:
     """A job whose task has a verifier, exported with Job.export and replayed from the file:
