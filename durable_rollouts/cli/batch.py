@@ -32,6 +32,8 @@ from durable_rollouts.temporal.select import parse_only
 
 __all__ = [
     "RunOptions",
+    "announce",
+    "check_output",
     "finish",
     "job_json",
     "policy_notes",
@@ -39,6 +41,7 @@ __all__ = [
     "run_batch",
     "ui_base",
     "write_export",
+    "write_runs",
 ]
 
 
@@ -96,7 +99,8 @@ async def _in_process_worker(client: Any, task_queue: str, enabled: bool) -> Asy
         yield
 
 
-def _announce(err: Console, view_id: str, what: str, ui: str | None) -> None:
+def announce(err: Console, view_id: str, what: str, ui: str | None) -> None:
+    """Print ``job ID: what`` and the job's Web UI link (when there is a UI) on ``err``."""
     err.print(f"job {view_id}: {what}", highlight=False)
     link = render.ui_link(ui, view_id)
     if link:
@@ -201,12 +205,16 @@ def job_json(view: JobView, ui: str | None) -> dict[str, Any]:
 
 def write_export(view: JobView, output: str, export_format: str = "jsonl") -> int:
     """Write the job's runs as ``export_format`` lines to ``output`` ('-' = stdout)."""
+    return write_runs(view.runs, output, export_format, view.batches[0].input.agent)
+
+
+def write_runs(runs: list[Any], output: str, export_format: str = "jsonl", agent: Any = None) -> int:
+    """Write ``runs`` as ``export_format`` lines to ``output`` ('-' = stdout); how many."""
     from ..sdk.export_formats import records
 
-    agent = view.batches[0].input.agent
     lines = [
         json.dumps(rec, default=str, ensure_ascii=False) + "\n"
-        for rec in records(view.runs, export_format, agent)
+        for rec in records(runs, export_format, agent)
     ]
     if output == "-":
         sys.stdout.write("".join(lines))
@@ -218,19 +226,20 @@ def write_export(view: JobView, output: str, export_format: str = "jsonl") -> in
     return len(lines)
 
 
-def _check_output(opts: RunOptions) -> None:
+def check_output(output: str | None, as_json: bool, export_format: str,
+                 detach: bool = False) -> None:
     """``-o``/``--json``/``--format`` combinations that cannot work: one ConfigError line."""
     from ..sdk.export_formats import check_format
 
-    if opts.output == "-" and opts.as_json:
+    if output == "-" and as_json:
         raise ConfigError("-o - and --json both write to stdout: pick one")
-    if opts.output is not None and opts.detach:
+    if output is not None and detach:
         raise ConfigError(
             "-o needs an attached run; with --detach, export later: rollouts export JOB -o FILE"
         )
-    if opts.output is not None and opts.output != "-" and not Path(opts.output).parent.exists():
-        raise ConfigError(f"-o {opts.output}: folder {Path(opts.output).parent} does not exist")
-    check_format(opts.export_format)
+    if output is not None and output != "-" and not Path(output).parent.exists():
+        raise ConfigError(f"-o {output}: folder {Path(output).parent} does not exist")
+    check_format(export_format)
 
 
 async def run_batch(opts: RunOptions, out: Console, err: Console) -> int:
@@ -240,7 +249,7 @@ async def run_batch(opts: RunOptions, out: Console, err: Console) -> int:
     from ..sdk.validation import validate_batch
     from .specs import check_sources, load_agent_spec, load_tasks, parse_runtime
 
-    _check_output(opts)
+    check_output(opts.output, opts.as_json, opts.export_format, opts.detach)
     on_error = check_policy(opts.retries, opts.on_error)
     taskset = load_tasks(opts.tasks, opts.name)
     agent = load_agent_spec(opts.agent, opts.agent_config)
@@ -296,7 +305,7 @@ async def _attend(opts: RunOptions, handle: Any, client: Any, queue: str, embedd
         if opts.detach:
             return _detached(handle.job.id, handle.workflow_id, client, queue, embedded, ui, out,
                              err, opts.as_json)
-        _announce(err, handle.job.id, what, ui)
+        announce(err, handle.job.id, what, ui)
         await follow(handle.handle, err, total=total, label="rollouts")
     finally:
         await handle.release()
@@ -394,7 +403,7 @@ async def resume_job(
             return _detached(
                 view.job_id, handles[0].id, client, min(queues), embedded, ui, out, err, as_json
             )
-        _announce(
+        announce(
             err,
             view.job_id,
             f"re-running {rerun} rollout(s), keeping {sum(len(p.kept) for p in plans)}",

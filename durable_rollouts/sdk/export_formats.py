@@ -42,13 +42,16 @@ def check_format(format: str) -> str:
 
 
 def jsonl_record(run: Any) -> dict[str, Any]:
-    """Our own line: ids, task, reward (null unless succeeded), grade, attempts, retries, trace."""
+    """Our own line: ids, task (id, env, args and the whole row), reward (null unless
+    succeeded), grade, attempts, retries, trace."""
     task = run.task
     out = run_fields(run)
     out.update({
         "task_id": task.id if task is not None else None,
         "env": task.env if task is not None else None,
         "args": task.args if task is not None else None,
+        # the whole row (source, runtime_config, verifier): a re-grade from this file needs it
+        "task": task.model_dump(mode="json", exclude_none=True) if task is not None else None,
         "grade": run.grade.model_dump(mode="json") if run.grade is not None else None,
         "attempts": run.attempts,
         "retries": run.retries,

@@ -31,6 +31,7 @@ __all__ = ["Taskset"]
 
 DURABLE_EXECUTOR = "durable_rollouts.temporal.batches"  # its run_taskset runs Taskset.run
 LIVE_JOBS = "durable_rollouts.temporal.live"  # its start_live runs Taskset.start
+REPLAY = "durable_rollouts.sdk.replay"  # its replay_taskset builds Taskset.replay (a subclass)
 
 
 class Taskset:
@@ -169,6 +170,20 @@ class Taskset:
         else:
             raise ConfigError(f"to_file writes .json or .jsonl, not {path.suffix or path.name!r}")
         return path
+
+    @classmethod
+    async def replay(cls, source: Any, *, temporal: Any = None, name: str | None = None) -> Any:
+        """A taskset of saved rollouts, for re-grading them without calling any agent.
+
+        ``source``: a ``Job``, a ``jsonl`` export file (``Job.export``, ``rollouts export``) or a
+        job id (read through Temporal: ``temporal`` is a Client or an address, None the usual
+        default). ``await replay.run(runtime=...)`` then re-runs grade (and verify) on every
+        saved answer in fresh sessions and returns the new Job; ``replay.skipped`` lists the
+        rollouts without an answer, ``replay.compare(job)`` the old against the new rewards.
+        """
+        # A subclass of this class, so looked up by name (no import cycle between the modules).
+        build = importlib.import_module(REPLAY).replay_taskset
+        return await build(source, temporal=temporal, name=name)
 
     # -- running --------------------------------------------------------------------------
 

@@ -102,7 +102,8 @@ def test_run_against_unreachable_temporal_from_the_environment_is_a_user_error()
 
 @pytest.mark.parametrize(
     "command",
-    ["run", "resume", "jobs", "show", "cancel", "export", "trace", "gc", "worker", "server"],
+    ["run", "resume", "regrade", "jobs", "show", "cancel", "export", "trace", "gc", "worker",
+     "server"],
 )
 def test_every_command_has_help_with_examples(command: str) -> None:
     from typer.testing import CliRunner

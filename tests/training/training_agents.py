@@ -1,7 +1,7 @@
 """Agents of the training-results tests (worker and CLI subprocesses import them via PYTHONPATH).
 
 ``PolicyAgent`` fails on purpose for chosen tasks / group members / retries, so each ``on_error``
-policy and ``retries`` can be driven; ``ToolTraceAgent`` records a trace shaped like
+policy and ``retries`` can be driven (and logs each call to ``log``, so a test sees it never ran); ``ToolTraceAgent`` records a trace shaped like
 ``OpenAIChatAgent``'s (system prompt, tool call with usage, logprobs and token ids, tool result,
 final answer) for the export-format tests.
 """
@@ -30,9 +30,13 @@ class PolicyAgent(Agent):
     fail_members: list[int] | None = None
     fail_below: int = 1000
     seconds: float = 0.0
+    log: str = ""  # one line per call, when set
 
     async def __call__(self, run: Run) -> None:
         expected = str((run.task.args if run.task else {}).get("expected", ""))
+        if self.log:
+            with open(self.log, "a") as fh:
+                fh.write(f"{run.rollout_id}\n")
         failing = (expected in self.fail_expected
                    and (self.fail_members is None or run.group_index in self.fail_members)
                    and run.attempt - 1 < self.fail_below)
