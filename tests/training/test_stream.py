@@ -183,3 +183,42 @@ async def test_a_restarted_trainer_attaches_by_job_id(client, task_queue, tmp_pa
     await job.wait()
     with pytest.raises(ConfigError, match="no job"):
         await Job.attach("no-such-job", temporal=client, worker=False)
+
+
+def _workflow_task_failures(history) -> list[str]:
+    return [e.workflow_task_failed_event_attributes.failure.message for e in history.events
+            if e.HasField("workflow_task_failed_event_attributes")]
+
+
+async def test_a_batch_with_every_group_started_waits_without_spinning(
+        client, task_queue, tmp_path: Path) -> None:
+    # Room for more groups than the batch has: once both are started, nothing is held back, so
+    # the batch must wait for its rollouts (not for an ack that is due at once, in a busy loop
+    # that trips the deadlock detector and fails the workflow task).
+    job = await _rows(tmp_path, 2).start(CountingAgent(answer="x", seconds=3.0), runtime=LocalRuntime(ENV_FILE),
+                                         group=2, temporal=client, worker=True, task_queue=task_queue,
+                                         max_in_flight=4)
+    batches = [b async for b in _acked(job.stream(consumer="trainer", batch_size=2))]
+    assert sum(len(b.records) for b in batches) == 2
+    await job.wait()
+    history = await client.get_workflow_handle(workflow_id(job.id)).fetch_history()
+    assert _workflow_task_failures(history) == []
+
+
+async def test_a_consumer_registering_in_the_first_workflow_task_is_accepted(
+        client, task_queue, tmp_path: Path) -> None:
+    # No worker yet: the register update waits, and reaches the batch in its very first workflow
+    # task, before the run method started. The stream must already be there for its validator.
+    job = await _rows(tmp_path, 2).start(CountingAgent(answer="x"), runtime=LocalRuntime(ENV_FILE),
+                                         group=2, temporal=client, worker=False, task_queue=task_queue)
+    stream = job.stream(consumer="trainer", batch_size=2)
+    first = asyncio.ensure_future(anext(stream))
+    await asyncio.sleep(1.0)
+    assert not first.done()
+    served = await Job.attach(job.id, temporal=client, worker=True, task_queue=task_queue)  # a worker now
+    batch = await asyncio.wait_for(first, 60)
+    await batch.ack()
+    assert [r.size for r in batch.records] == [2, 2]
+    await served.wait()
+    history = await client.get_workflow_handle(workflow_id(job.id)).fetch_history()
+    assert _workflow_task_failures(history) == []
