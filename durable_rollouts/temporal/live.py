@@ -254,8 +254,8 @@ async def attach(job_id: str, *, temporal: Any = None, worker: bool | None = Non
         raise ConfigError(f"job {job_id} does not stream finished groups: start it with Taskset.start(...)")
     job = Job(id=job_id, name=inp.job_name or job_id, group=inp.group, taskset=inp.taskset_name)
     job.batches = batch_index + 1
-    handle = JobHandle(job=job, batch_index=batch_index, handle=client.get_workflow_handle(desc.id, result_type=TasksetRunResult),
-                       rows=list(inp.rows))
+    workflow = client.get_workflow_handle(desc.id, result_type=TasksetRunResult)
+    handle = JobHandle(job=job, batch_index=batch_index, handle=workflow, rows=list(inp.rows))
     queue = task_queue or inp.task_queue
     if worker if worker is not None else embedded:
         handle.relet = lambda: _ensure_worker(client, queue)

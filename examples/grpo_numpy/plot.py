@@ -1,22 +1,24 @@
 """Reward against training step, as a PNG: matplotlib when it is installed, else a plain chart.
 
 The fallback writes the PNG itself (zlib + struct): a framed chart with grid lines, the reward
-per step as dots joined by a line, and the trainer restart as a dashed red line, but no text.
+per step as dots joined by a line, the uniform guess as a dotted line and the trainer restart as a
+dashed red line, but no text.
 """
 
 from __future__ import annotations
 
+import itertools
 import struct
 import zlib
 from pathlib import Path
 
 
 def plot_rewards(rewards: list[float], path: Path, *, restart_after: int | None = None,
-                 title: str = "GRPO on the sums env: reward per step") -> str:
+                 guess: float | None = None, title: str = "GRPO on the sums env: reward per step") -> str:
     """Write the chart to ``path``; returns which writer drew it (``matplotlib`` or ``plain``).
 
     ``rewards[i]`` is the mean reward of step ``i + 1``; ``restart_after``: the last step of the
-    trainer that was killed.
+    trainer that was killed; ``guess``: what a uniform guess scores.
     """
     try:
         import matplotlib
@@ -24,7 +26,7 @@ def plot_rewards(rewards: list[float], path: Path, *, restart_after: int | None 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        write_png(path, _chart(rewards, restart_after))
+        write_png(path, _chart(rewards, restart_after, guess))
         return "plain"
     steps = list(range(1, len(rewards) + 1))
     fig, ax = plt.subplots(figsize=(7, 3.6), dpi=110)
@@ -32,6 +34,8 @@ def plot_rewards(rewards: list[float], path: Path, *, restart_after: int | None 
     if restart_after is not None:
         ax.axvline(restart_after + 0.5, color="tab:red", linestyle="--", linewidth=1.2,
                    label=f"trainer SIGKILLed after step {restart_after}, restarted")
+    if guess is not None:
+        ax.axhline(guess, color="gray", linestyle=":", linewidth=1.2, label=f"uniform guess ({guess:.1f})")
     ax.set_xlabel("training step (one GRPO update per batch of finished groups)")
     ax.set_ylabel("mean reward")
     ax.set_ylim(-0.02, 1.02)
@@ -48,7 +52,8 @@ WIDTH, HEIGHT, MARGIN = 640, 320, 30
 WHITE, GRID, FRAME, LINE, RED = (255, 255, 255), (225, 225, 225), (60, 60, 60), (31, 119, 180), (214, 39, 40)
 
 
-def _chart(rewards: list[float], restart_after: int | None) -> list[list[tuple[int, int, int]]]:
+def _chart(rewards: list[float], restart_after: int | None,
+           guess: float | None) -> list[list[tuple[int, int, int]]]:
     pixels = [[WHITE] * WIDTH for _ in range(HEIGHT)]
     left, right, top, bottom = MARGIN, WIDTH - MARGIN, MARGIN, HEIGHT - MARGIN
     n = max(len(rewards), 2)
@@ -66,8 +71,12 @@ def _chart(rewards: list[float], restart_after: int | None) -> list[list[tuple[i
         x = xy(restart_after + 0.5, 0)[0]
         for y in range(top, bottom, 8):
             _line(pixels, x, y, x, min(y + 4, bottom), RED)
+    if guess is not None:
+        y = xy(1, guess)[1]
+        for x in range(left, right, 6):
+            _line(pixels, x, y, min(x + 2, right), y, FRAME)
     points = [xy(i + 1, r) for i, r in enumerate(rewards)]
-    for (x0, y0), (x1, y1) in zip(points, points[1:]):
+    for (x0, y0), (x1, y1) in itertools.pairwise(points):
         _line(pixels, x0, y0, x1, y1, LINE)
     for x, y in points:
         for dx in range(-2, 3):

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from plot import plot_rewards
+from tabular_policy import ANSWERS
 
 HERE = Path(__file__).resolve().parent
 
@@ -133,8 +134,9 @@ def report(summary: dict[str, Any], seconds: float, plot: Path, drawn_by: str) -
 
 
 def parse(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[str]]:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0],
-                                     epilog="Other options (--rows, --group, --batch-size, --lr, ...) go to trainer.py.")
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n")[0],
+        epilog="Other options (--rows, --group, --batch-size, --lr, ...) go to trainer.py.")
     parser.add_argument("--temporal", help="Temporal address (default: the embedded dev server)")
     parser.add_argument("--out", help="run directory (default: a new temporary one)")
     parser.add_argument("--kill-after-step", type=int, default=8, help="SIGKILL the trainer once it applied "
@@ -164,7 +166,8 @@ def main(argv: list[str] | None = None) -> int:
     seconds = time.monotonic() - started
     summary = verify(out, killed)
     plot = Path(args.plot) if args.plot else out / "reward.png"
-    drawn_by = plot_rewards(summary["rewards"], plot, restart_after=(killed or {}).get("after_step"))
+    drawn_by = plot_rewards(summary["rewards"], plot, restart_after=(killed or {}).get("after_step"),
+                            guess=1 / len(ANSWERS))
     summary.update(seconds=round(seconds, 1), plot=str(plot))
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
     report(summary, seconds, plot, drawn_by)

@@ -81,11 +81,11 @@ def samples_of(groups: list[list[Any]], sizes: list[int]) -> tuple[list[Sample],
     rewards they carry."""
     samples: list[Sample] = []
     rewards: list[float] = []
-    for runs, size in zip(groups, sizes):
+    for runs, size in zip(groups, sizes, strict=True):
         assert len(runs) == size  # drop_sample: the group counts as its kept members only
         group_rewards = [run.reward or 0.0 for run in runs]
         rewards += group_rewards
-        for run, advantage in zip(runs, group_advantages(group_rewards)):
+        for run, advantage in zip(runs, group_advantages(group_rewards), strict=True):
             step = next(s for s in reversed(run.trace.steps) if "action" in s.extra)
             samples.append(Sample(run.prompt_text, int(step.extra["action"]), float(step.extra["logprob"]),
                                   advantage))
