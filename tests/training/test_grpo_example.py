@@ -10,6 +10,7 @@ The plain PNG writer (used without matplotlib) is checked on its own.
 from __future__ import annotations
 
 import importlib.util
+import itertools
 import json
 import subprocess
 import sys
@@ -82,7 +83,7 @@ async def test_the_policy_learns_across_a_trainer_sigkill_and_no_group_is_lost_o
     ranges = sorted(set(acks))
     assert len(ranges) == len(acks), f"an ack was recorded twice: {acks}"
     assert ranges[0][0] == 0 and ranges[-1][1] == ROWS
-    assert all(a[1] == b[0] for a, b in zip(ranges, ranges[1:])), ranges
+    assert all(a[1] == b[0] for a, b in itertools.pairwise(ranges)), ranges
     resampled = summary["stream_counts"].get("stale_resampled", 0)
     assert len(children) == len(set(children)) == (ROWS + resampled) * GROUP
     assert (out / "reward.png").read_bytes().startswith(b"\x89PNG\r\n\x1a\n")
