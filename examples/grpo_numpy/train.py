@@ -29,6 +29,7 @@ from typing import Any
 
 from plot import plot_rewards
 from tabular_policy import ANSWERS
+from trainer import parse as trainer_options
 
 HERE = Path(__file__).resolve().parent
 
@@ -149,6 +150,7 @@ def parse(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[str]]
 def main(argv: list[str] | None = None) -> int:
     args, extra = parse(argv)
     out = Path(args.out or tempfile.mkdtemp(prefix="grpo-"))
+    trainer_options([str(out), *extra])  # a bad option is a usage error now, not a dead trainer later
     out.mkdir(parents=True, exist_ok=True)
     address = args.temporal
     if address is None:
@@ -164,6 +166,9 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         _stop(worker)
     seconds = time.monotonic() - started
+    if not (out / "checkpoint.json").exists():
+        print(f"error: the trainer did not start a job; see {out / 'trainer-1.log'}", file=sys.stderr)
+        return 1
     summary = verify(out, killed)
     plot = Path(args.plot) if args.plot else out / "reward.png"
     drawn_by = plot_rewards(summary["rewards"], plot, restart_after=(killed or {}).get("after_step"),

@@ -20,6 +20,7 @@ import argparse
 import asyncio
 import json
 import os
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -28,6 +29,7 @@ from policy_agent import PolicyAgent
 from tabular_policy import Adam, Sample, TablePolicy, group_advantages, grpo_step
 
 from durable_rollouts import Job, LocalRuntime, Taskset
+from durable_rollouts.errors import ConfigError
 from durable_rollouts.temporal.connection import connect_client
 
 HERE = Path(__file__).resolve().parent
@@ -165,4 +167,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 if __name__ == "__main__":
-    asyncio.run(train(parse()))
+    try:
+        asyncio.run(train(parse()))
+    except ConfigError as exc:  # bad input or an unreachable server: one line, not a traceback
+        sys.exit(f"error: {exc}")
