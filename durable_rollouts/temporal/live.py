@@ -13,6 +13,8 @@ Imports temporalio, the workflow names and models, and the sdk's Job/Run; never 
 from __future__ import annotations
 
 import asyncio
+import itertools
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -20,11 +22,11 @@ from typing import Any
 from temporalio.client import Client, WorkflowExecutionStatus, WorkflowHandle, WorkflowUpdateFailedError
 from temporalio.service import RPCError
 
-from ..errors import ConfigError
+from ..errors import ConfigError, DurableRolloutsError
 from ..sdk.job import Job
 from ..sdk.run import Run
 from ..sdk.tracestore import TraceStore
-from ..workflows import TasksetRun, TasksetRunInput, workflow_id
+from ..workflows import TasksetRun, TasksetRunInput, TasksetRunResult, workflow_id
 from ..workflows.stream import (
     AckRequest,
     FinishedGroup,
@@ -37,10 +39,10 @@ from ..workflows.stream import (
 from .batches import JobHandle, _client, _ensure_worker, start_job
 from .jobs import run_from_result
 
-__all__ = ["JobClosedError", "LiveJob", "StreamBatch", "attach", "start_live"]
+__all__ = ["JobClosedError", "LiveJob", "StreamBatch", "UpdateTimeoutError", "attach", "start_live"]
 
 POLL_S = 0.5  # how often a waiting stream asks the batch for new groups
-_UPDATE_TRIES = 5  # an update that meets a run continuing-as-new is sent again
+UPDATE_PATIENCE_S = 120.0  # how long an update the running batch cannot take yet is sent again
 
 
 @dataclass
@@ -82,6 +84,10 @@ class JobClosedError(ConfigError):
     """The job's batch workflow has closed: it takes no more acknowledgements or policies."""
 
 
+class UpdateTimeoutError(DurableRolloutsError, TimeoutError):
+    """The running batch did not take an acknowledgement or policy within ``UPDATE_PATIENCE_S``."""
+
+
 class LiveJob(Job):
     """A running job: its batch's handle, plus stream, ack and policy calls."""
 
@@ -98,17 +104,25 @@ class LiveJob(Job):
         return self.client.get_workflow_handle(workflow_id(self.id, self.handle.batch_index))
 
     async def _update(self, name: str, arg: Any) -> Any:
-        """Run update ``name``; a refused one is a ConfigError with the workflow's reason."""
-        for tries in range(_UPDATE_TRIES):
+        """Run update ``name``; a refused one is a ConfigError with the workflow's reason.
+
+        While the batch runs, an update the server cannot take yet (the run is continuing as
+        new, or its workflow task failed, e.g. a starved worker tripped the deadlock detector,
+        and waits for the server's retry) is sent again for up to ``UPDATE_PATIENCE_S``."""
+        deadline = time.monotonic() + UPDATE_PATIENCE_S
+        for tries in itertools.count():
             try:
                 return await self._workflow.execute_update(name, arg)
             except WorkflowUpdateFailedError as exc:
                 cause = exc.cause
                 raise ConfigError(str(getattr(cause, "message", None) or cause or exc)) from exc
-            except RPCError as exc:  # the run is continuing as new: the next run takes it
-                if tries == _UPDATE_TRIES - 1 or not await self._running():
+            except RPCError as exc:
+                if not await self._running():
                     raise JobClosedError(f"job {self.id} has closed: {exc.message}") from exc
-                await asyncio.sleep(0.2 * (tries + 1))
+                if time.monotonic() >= deadline:
+                    raise UpdateTimeoutError(f"job {self.id} did not take the {name} update within "
+                                             f"{UPDATE_PATIENCE_S:.0f} s: {exc.message}") from exc
+                await asyncio.sleep(min(0.2 * (tries + 1), 2.0))
         raise AssertionError("unreachable")
 
     async def _running(self) -> bool:
@@ -240,8 +254,8 @@ async def attach(job_id: str, *, temporal: Any = None, worker: bool | None = Non
         raise ConfigError(f"job {job_id} does not stream finished groups: start it with Taskset.start(...)")
     job = Job(id=job_id, name=inp.job_name or job_id, group=inp.group, taskset=inp.taskset_name)
     job.batches = batch_index + 1
-    handle = JobHandle(job=job, batch_index=batch_index, handle=client.get_workflow_handle(desc.id),
-                       rows=list(inp.rows))
+    workflow = client.get_workflow_handle(desc.id, result_type=TasksetRunResult)
+    handle = JobHandle(job=job, batch_index=batch_index, handle=workflow, rows=list(inp.rows))
     queue = task_queue or inp.task_queue
     if worker if worker is not None else embedded:
         handle.relet = lambda: _ensure_worker(client, queue)

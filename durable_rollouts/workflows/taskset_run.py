@@ -64,11 +64,19 @@ MAX_UPDATES_PER_RUN = 1000
 class TasksetRun(StreamHandlers):
     """Run every row ``group`` times; return compact results (or claim checks for them)."""
 
-    def __init__(self) -> None:
+    @workflow.init
+    def __init__(self, inp: TasksetRunInput) -> None:
         self._progress: Progress | None = None
         self._window: dict[int, Task] = {}
         self._failed_on: str | None = None  # on_error="fail": set by the first unrecovered error
         self._touched = False  # a consumer acted (the linger timer starts again)
+        # Set here, not in run: an update in the first workflow task (a consumer registering
+        # or acking right after start) is validated before run begins.
+        self._policy = inp.policy
+        self._stream = inp.stream_state
+        if self._stream is None and inp.stream is not None:  # the batch's first run
+            self._stream = StreamState(options=inp.stream, on_error=inp.on_error,
+                                       cursors={name: 0 for name in inp.stream.consumers})
 
     @workflow.query
     def progress(self) -> Progress:
@@ -82,11 +90,6 @@ class TasksetRun(StreamHandlers):
             progress.runs += 1
         progress.running = 0
         self._progress = progress
-        self._policy = inp.policy
-        self._stream = inp.stream_state
-        if self._stream is None and inp.stream is not None:  # the batch's first run
-            self._stream = StreamState(options=inp.stream, on_error=inp.on_error,
-                                       cursors={name: 0 for name in inp.stream.consumers})
         resolved: dict[int, Task] = dict(inp.resolved)
         results: list[RolloutResult] = list(inp.results)
         refs: list[ResultsRef] = list(inp.result_refs)
@@ -128,7 +131,7 @@ class TasksetRun(StreamHandlers):
                         await workflow.wait_condition(lambda: not self._held(index, total, inp))
                         continue
                     break
-                await self._collect(inp, pending, results)
+                await self._collect(inp, pending, results, gate=self._held_back(index, total))
                 pending = [fut for fut in pending if not fut.done()]
                 self._details(progress)
         except asyncio.CancelledError:
@@ -253,20 +256,20 @@ class TasksetRun(StreamHandlers):
         return divmod(index, inp.group)  # type: ignore[return-value]
 
     async def _collect(self, inp: TasksetRunInput, pending: list[asyncio.Task[RolloutResult]],
-                       results: list[RolloutResult]) -> None:
-        """Wait for a rollout to finish (or, when consumers hold new groups back, for an ack) and
-        count what finished."""
+                       results: list[RolloutResult], gate: bool = False) -> None:
+        """Wait for a rollout to finish (or, with ``gate``: consumers hold a new group back, for
+        the ack that lets it start) and count what finished."""
         assert self._progress is not None
         waits: list[asyncio.Future[Any]] = list(pending)
-        gate = None
-        if self._stream is not None and self._stream.options.max_in_flight is not None:
-            gate = asyncio.ensure_future(workflow.wait_condition(
+        ack = None
+        if gate:  # never when a group may start already: the wait would return at once, forever
+            ack = asyncio.ensure_future(workflow.wait_condition(
                 lambda: self._stream is not None and self._stream.may_start_group()))
-            waits.append(gate)
+            waits.append(ack)
         done, _ = await workflow.wait(waits, return_when=asyncio.FIRST_COMPLETED)
-        if gate is not None and not gate.done():
-            gate.cancel()
-        for fut in sorted((f for f in done if f is not gate), key=lambda f: f.result().rollout_id):
+        if ack is not None and not ack.done():
+            ack.cancel()
+        for fut in sorted((f for f in done if f is not ack), key=lambda f: f.result().rollout_id):
             result = fut.result()
             results.append(result)
             self._progress.running -= 1

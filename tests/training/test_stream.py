@@ -4,7 +4,9 @@ A consumer process SIGKILLed between receiving a batch and acknowledging it gets
 batch again after its restart, and never one it acknowledged; no rollout runs again (the agent
 logs each run, the env each grade). Two consumers each see every group. Back-pressure and
 staleness are read from the batch's own history and queries, not from a log of ours;
-``drop_sample`` keeps the rest of a group; bad input is a clear error and harms nothing.
+``drop_sample`` keeps the rest of a group; bad input is a clear error and harms nothing. A batch
+with every group started waits without a busy loop, a consumer may register in the batch's first
+workflow task, and an update that meets a failed workflow task is sent again until it recovers.
 """
 
 from __future__ import annotations
@@ -19,6 +21,12 @@ from pathlib import Path
 
 import pytest
 from temporal_helpers import ENV_FILE, CountingAgent, async_wait_for, read_lines
+from temporalio.worker import (
+    HandleUpdateInput,
+    Interceptor,
+    WorkflowInboundInterceptor,
+    WorkflowInterceptorClassInput,
+)
 from training_agents import PolicyAgent
 
 from durable_rollouts.errors import ConfigError
@@ -26,6 +34,7 @@ from durable_rollouts.models import Task
 from durable_rollouts.sdk.job import Job
 from durable_rollouts.sdk.providers import LocalRuntime
 from durable_rollouts.sdk.taskset import Taskset
+from durable_rollouts.worker import build_worker
 from durable_rollouts.workflows import workflow_id
 from durable_rollouts.workflows.stream import AckRequest
 
@@ -183,3 +192,80 @@ async def test_a_restarted_trainer_attaches_by_job_id(client, task_queue, tmp_pa
     await job.wait()
     with pytest.raises(ConfigError, match="no job"):
         await Job.attach("no-such-job", temporal=client, worker=False)
+
+
+def _workflow_task_failures(history) -> list[str]:
+    return [e.workflow_task_failed_event_attributes.failure.message for e in history.events
+            if e.HasField("workflow_task_failed_event_attributes")]
+
+
+async def test_a_batch_with_every_group_started_waits_without_spinning(
+        client, task_queue, tmp_path: Path) -> None:
+    # Room for more groups than the batch has: once both are started, nothing is held back, so
+    # the batch must wait for its rollouts (not for an ack that is due at once, in a busy loop
+    # that trips the deadlock detector and fails the workflow task).
+    job = await _rows(tmp_path, 2).start(CountingAgent(answer="x", seconds=3.0), runtime=LocalRuntime(ENV_FILE),
+                                         group=2, temporal=client, worker=True, task_queue=task_queue,
+                                         max_in_flight=4)
+    batches = [b async for b in _acked(job.stream(consumer="trainer", batch_size=2))]
+    assert sum(len(b.records) for b in batches) == 2
+    await job.wait()
+    history = await client.get_workflow_handle(workflow_id(job.id)).fetch_history()
+    assert _workflow_task_failures(history) == []
+
+
+async def test_a_consumer_registering_in_the_first_workflow_task_is_accepted(
+        client, task_queue, tmp_path: Path) -> None:
+    # No worker yet: the register update waits, and reaches the batch in its very first workflow
+    # task, before the run method started. The stream must already be there for its validator.
+    job = await _rows(tmp_path, 2).start(CountingAgent(answer="x"), runtime=LocalRuntime(ENV_FILE),
+                                         group=2, temporal=client, worker=False, task_queue=task_queue)
+    stream = job.stream(consumer="trainer", batch_size=2)
+    first = asyncio.ensure_future(anext(stream))
+    await asyncio.sleep(1.0)
+    assert not first.done()
+    served = await Job.attach(job.id, temporal=client, worker=True, task_queue=task_queue)  # a worker now
+    batch = await asyncio.wait_for(first, 60)
+    await batch.ack()
+    assert [r.size for r in batch.records] == [2, 2]
+    await served.wait()
+    history = await client.get_workflow_handle(workflow_id(job.id)).fetch_history()
+    assert _workflow_task_failures(history) == []
+
+
+class _FailSetPolicy(Interceptor):
+    """Test-only fault: the ``set_policy`` handler raises (failing the workflow task) while
+    ``budget`` holds failures, one per attempt."""
+
+    def __init__(self, budget: Path) -> None:
+        self.budget = budget
+
+    def workflow_interceptor_class(self, input: WorkflowInterceptorClassInput) -> type[WorkflowInboundInterceptor]:
+        budget = self.budget
+
+        class Inbound(WorkflowInboundInterceptor):
+            async def handle_update_handler(self, input: HandleUpdateInput) -> object:
+                left = int(budget.read_text() or 0) if input.update == "set_policy" else 0
+                if left > 0:
+                    budget.write_text(str(left - 1))
+                    raise RuntimeError("injected: the workflow task fails")
+                return await super().handle_update_handler(input)
+
+        return Inbound
+
+
+async def test_an_update_is_sent_again_until_a_failed_workflow_task_recovers(
+        client, task_queue, tmp_path: Path) -> None:
+    job = await _rows(tmp_path, 2).start(CountingAgent(answer="x", seconds=2.0), runtime=LocalRuntime(ENV_FILE),
+                                         group=2, temporal=client, worker=False, task_queue=task_queue,
+                                         policy_version=0)
+    budget = tmp_path / "failures"
+    budget.write_text("3")
+    async with build_worker(client, task_queue=task_queue, interceptors=[_FailSetPolicy(budget)]):
+        assert await asyncio.wait_for(job.set_policy(1), 120) == 1
+        assert budget.read_text() == "0"
+        batches = [b async for b in _acked(job.stream(consumer="trainer", batch_size=2))]
+        assert sum(len(b.records) for b in batches) == 2
+        await job.wait()
+    history = await client.get_workflow_handle(workflow_id(job.id)).fetch_history()
+    assert any("injected" in message for message in _workflow_task_failures(history))
