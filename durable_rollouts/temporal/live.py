@@ -237,7 +237,8 @@ async def attach(job_id: str, *, temporal: Any = None, worker: bool | None = Non
         raise ConfigError(f"no job {job_id!r} on this Temporal server")
     inp = await read_input(client, desc.id, desc.run_id, TasksetRunInput)
     if inp.stream is None:
-        raise ConfigError(f"job {job_id} does not stream finished groups: start it with Taskset.start(...)")
+        raise ConfigError(f"job {job_id} does not stream finished groups: start it with "
+                          "Taskset.start(...) or `rollouts run --detach --stream`")
     job = Job(id=job_id, name=inp.job_name or job_id, group=inp.group, taskset=inp.taskset_name)
     job.batches = batch_index + 1
     handle = JobHandle(job=job, batch_index=batch_index, handle=client.get_workflow_handle(desc.id),

@@ -64,11 +64,19 @@ MAX_UPDATES_PER_RUN = 1000
 class TasksetRun(StreamHandlers):
     """Run every row ``group`` times; return compact results (or claim checks for them)."""
 
-    def __init__(self) -> None:
+    @workflow.init
+    def __init__(self, inp: TasksetRunInput) -> None:
         self._progress: Progress | None = None
         self._window: dict[int, Task] = {}
         self._failed_on: str | None = None  # on_error="fail": set by the first unrecovered error
         self._touched = False  # a consumer acted (the linger timer starts again)
+        # Set before any handler runs: an update (a consumer registering, a policy) can arrive
+        # in the batch's first workflow task, before ``run`` starts.
+        self._policy = inp.policy
+        self._stream = inp.stream_state
+        if self._stream is None and inp.stream is not None:  # the batch's first run
+            self._stream = StreamState(options=inp.stream, on_error=inp.on_error,
+                                       cursors={name: 0 for name in inp.stream.consumers})
 
     @workflow.query
     def progress(self) -> Progress:
@@ -82,11 +90,6 @@ class TasksetRun(StreamHandlers):
             progress.runs += 1
         progress.running = 0
         self._progress = progress
-        self._policy = inp.policy
-        self._stream = inp.stream_state
-        if self._stream is None and inp.stream is not None:  # the batch's first run
-            self._stream = StreamState(options=inp.stream, on_error=inp.on_error,
-                                       cursors={name: 0 for name in inp.stream.consumers})
         resolved: dict[int, Task] = dict(inp.resolved)
         results: list[RolloutResult] = list(inp.results)
         refs: list[ResultsRef] = list(inp.result_refs)
