@@ -82,11 +82,15 @@ class StreamHandlers:
         self._group_started(inp, slot)
         return True
 
+    def _held_back(self, index: int, total: int) -> bool:
+        """More is to start, and ``max_in_flight`` keeps the next group from starting."""
+        return (self._stream is not None and self._more(index, total)
+                and not self._stream.may_start_group())
+
     def _held(self, index: int, total: int, inp: TasksetRunInput) -> bool:
         """Nothing runs, more is to start, and the consumers hold it back (until an ack, or until
         the history is long enough to continue as new)."""
-        return (self._stream is not None and self._more(index, total) and not self._too_long(inp)
-                and not self._stream.may_start_group() and self._failed_on is None)
+        return self._held_back(index, total) and not self._too_long(inp) and self._failed_on is None
 
     async def _linger(self, inp: TasksetRunInput) -> bool:
         """Stay open for the consumers once every rollout is done: until they all caught up, the

@@ -131,7 +131,7 @@ class TasksetRun(StreamHandlers):
                         await workflow.wait_condition(lambda: not self._held(index, total, inp))
                         continue
                     break
-                await self._collect(inp, pending, results)
+                await self._collect(inp, pending, results, held=self._held_back(index, total))
                 pending = [fut for fut in pending if not fut.done()]
                 self._details(progress)
         except asyncio.CancelledError:
@@ -256,13 +256,13 @@ class TasksetRun(StreamHandlers):
         return divmod(index, inp.group)  # type: ignore[return-value]
 
     async def _collect(self, inp: TasksetRunInput, pending: list[asyncio.Task[RolloutResult]],
-                       results: list[RolloutResult]) -> None:
-        """Wait for a rollout to finish (or, when consumers hold new groups back, for an ack) and
-        count what finished."""
+                       results: list[RolloutResult], held: bool = False) -> None:
+        """Wait for a rollout to finish (or, when consumers hold a new group back: ``held``, for
+        the ack that lets it start) and count what finished."""
         assert self._progress is not None
         waits: list[asyncio.Future[Any]] = list(pending)
         gate = None
-        if self._stream is not None and self._stream.options.max_in_flight is not None:
+        if held:  # only then: a gate that is open at once would wake this loop without end
             gate = asyncio.ensure_future(workflow.wait_condition(
                 lambda: self._stream is not None and self._stream.may_start_group()))
             waits.append(gate)
