@@ -142,25 +142,21 @@ def _groups_in(path: Path, job_id: str) -> set[str]:
     return seen
 
 
-def _sink(output: str, job_id: str) -> StdoutSink | FileSink:
-    if output == "-":
-        return StdoutSink()
-    path = Path(output)
-    if not path.parent.exists():
-        raise ConfigError(f"-o {output}: folder {path.parent} does not exist")
-    if path.is_dir():
-        raise ConfigError(f"-o {output} is a folder: name a file")
-    return FileSink(path, job_id)
-
-
 def _check(args: StreamArgs) -> str:
-    """The consumer name, checked before anything connects."""
+    """The consumer name; it and ``-o`` are checked before anything connects."""
     if args.consumer is None:
         raise ConfigError("--consumer NAME is required: acknowledgements are recorded under it")
     try:
-        return check_consumer(args.consumer)
+        check_consumer(args.consumer)
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
+    if args.output != "-":
+        path = Path(args.output)
+        if not path.parent.exists():
+            raise ConfigError(f"-o {args.output}: folder {path.parent} does not exist")
+        if path.is_dir():
+            raise ConfigError(f"-o {args.output} is a folder: name a file")
+    return args.consumer
 
 
 async def _attach(args: StreamArgs, *, for_reading: bool) -> Any:
@@ -202,7 +198,7 @@ async def stream_job(args: StreamArgs, err: Console) -> int:
     """Print the job's finished groups, acknowledging each batch once written; the exit code."""
     consumer = _check(args)
     job = await _attach(args, for_reading=True)
-    sink = _sink(args.output, job.id)
+    sink = StdoutSink() if args.output == "-" else FileSink(Path(args.output), job.id)
     stop = stop_event()
     groups = written = 0
     unrecorded = False

@@ -8,10 +8,13 @@ commands without ``--temporal`` reuse. It is stopped at the end of the session.
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 import socket
 from collections.abc import Iterator
 
 import pytest
+from cli_helpers import alive, wait_until
 
 from durable_rollouts.temporal.connection import DevServer, ensure_dev_server, stop_dev_server
 
@@ -37,3 +40,14 @@ def embedded_server() -> Iterator[DevServer]:
     server = asyncio.run(ensure_dev_server(port=_free_port(), ui_port=_free_port()))
     yield server
     stop_dev_server()
+
+
+@pytest.fixture
+def background_workers() -> Iterator[list[int]]:
+    """Pids of the workers `run --detach` started; any still alive at the end get SIGTERM."""
+    pids: list[int] = []
+    yield pids
+    for pid in pids:
+        if alive(pid):
+            os.kill(pid, signal.SIGTERM)
+            wait_until(lambda pid=pid: not alive(pid), timeout=15, what=f"worker {pid} to stop")
