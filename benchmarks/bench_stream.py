@@ -19,11 +19,13 @@ import argparse
 import asyncio
 import json
 import os
+import resource
 import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Self
 
 import psutil
 from _common import LETTERS, letter_tasks, percentile, private_home
@@ -45,10 +47,11 @@ class Phase:
     acks: list[float] = field(default_factory=list)
     lags: list[float] = field(default_factory=list)
     groups: int = 0
+    consumer_cpu: float | None = None  # a consumer subprocess's CPU seconds
     _t0: float = 0.0
     _cpu0: tuple[float, float] = (0.0, 0.0)
 
-    def __enter__(self) -> Phase:
+    def __enter__(self) -> Self:
         for proc in (self.me, self.server):
             _reset_peak(proc.pid)
         self._cpu0 = (_cpu(self.me), _cpu(self.server))
@@ -69,6 +72,11 @@ class Phase:
 def _cpu(proc: psutil.Process) -> float:
     times = proc.cpu_times()
     return times.user + times.system
+
+
+def _children_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 def _reset_peak(pid: int) -> None:
@@ -112,6 +120,7 @@ async def cli_phase(taskset, agent, runtime, group: int, concurrency: int, batch
                     phase: Phase, out: Path) -> None:
     """The same batch consumed by ``rollouts stream -o FILE`` in a subprocess (fsync per batch)."""
     rollouts = str(Path(sys.executable).parent / "rollouts")
+    children0 = _children_cpu()
     with phase:
         job = await taskset.start(agent, runtime=runtime, group=group, max_concurrent=concurrency,
                                   consumers=["cli"], linger_s=600)
@@ -120,6 +129,7 @@ async def cli_phase(taskset, agent, runtime, group: int, concurrency: int, batch
             "-o", str(out), stderr=subprocess.PIPE)
         _, err = await proc.communicate()
         phase.stop()
+        phase.consumer_cpu = _children_cpu() - children0
         assert proc.returncode == 0, err.decode()[-2000:]
         await job.wait()
     phase.groups = len(out.read_text().splitlines())
@@ -131,6 +141,8 @@ def report(name: str, phase: Phase, rollouts: int) -> None:
           f"({rollouts / phase.wall:5.1f} rollouts/s)  CPU this process {phase.cpu:6.1f} s, "
           f"server {phase.server_cpu:6.1f} s  peak RSS this process {phase.rss_mb:.0f} MiB, "
           f"server {phase.server_rss_mb:.0f} MiB", flush=True)
+    if phase.consumer_cpu is not None:
+        print(f"{'':<22} CPU of the `rollouts stream` process {phase.consumer_cpu:.1f} s", flush=True)
     if phase.acks:
         ms = [1000 * a for a in phase.acks]
         lag = [1000 * x for x in phase.lags]
