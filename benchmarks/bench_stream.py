@@ -5,10 +5,11 @@ an in-process worker, three ways in one run: ``Taskset.run`` (no consumer: the b
 then ``Taskset.start`` + ``job.stream(batch_size=B)`` + ``batch.ack()`` for each ``--batch-sizes``
 B, the consumer in the worker's process as a trainer would run it. For each: wall time, groups/s
 and rollouts/s, CPU of this process and of the dev server, peak RSS of both (VmHWM, reset before
-each phase); for a stream also ack latency (p50/p99 of ``await batch.ack()``) and delivery lag
-(a group's last member ended in its Rollout workflow -> the consumer has it, p50/p99). ``--cli``
-adds ``rollouts stream JOB -o FILE`` as a subprocess consumer (fsync per batch). Each stream
-is compared with the run: ``stream b=B / run throughput ratio R``.
+each phase); for a stream also ack latency (p50/p99 of ``await batch.ack()``), delivery lag
+(a group's last member ended in its Rollout workflow -> the consumer has it, p50/p99) and how
+long asking for the next batch took. ``--cli`` adds ``rollouts stream JOB -o FILE`` as a
+subprocess consumer (fsync per batch). The run goes again at the end (a shared box drifts);
+each stream is compared with the mean of both: ``stream b=B / run throughput ratio R``.
 
     python benchmarks/bench_stream.py --n 10000 --group 4 --concurrency 256 --batch-sizes 1,8 [--cli]
 """
@@ -46,6 +47,7 @@ class Phase:
     server_rss_mb: float = 0.0
     acks: list[float] = field(default_factory=list)
     lags: list[float] = field(default_factory=list)
+    fetches: list[float] = field(default_factory=list)  # asking for the next batch -> having it
     groups: int = 0
     consumer_cpu: float | None = None  # a consumer subprocess's CPU seconds
     _t0: float = 0.0
@@ -103,13 +105,16 @@ async def stream_phase(taskset, agent, runtime, group: int, concurrency: int, ba
     with phase:
         job = await taskset.start(agent, runtime=runtime, group=group, max_concurrent=concurrency,
                                   consumers=[CONSUMER], linger_s=600)
+        asked = time.perf_counter()
         async for batch in job.stream(consumer=CONSUMER, batch_size=batch_size):
+            phase.fetches.append(time.perf_counter() - asked)
             now = time.time()
             phase.lags += [now - max(r.ended_at or now for r in rec.results) for rec in batch.records]
             t0 = time.perf_counter()
             await batch.ack()
             phase.acks.append(time.perf_counter() - t0)
             phase.groups += len(batch.records)
+            asked = time.perf_counter()
         phase.stop()
         done = await job.wait()  # every consumer caught up: the batch closes
     assert phase.groups == len(taskset), (phase.groups, len(taskset))
@@ -148,7 +153,8 @@ def report(name: str, phase: Phase, rollouts: int) -> None:
         lag = [1000 * x for x in phase.lags]
         print(f"{'':<22} {len(ms)} acks: p50 {percentile(ms, 0.5):.0f} ms, p99 "
               f"{percentile(ms, 0.99):.0f} ms, max {max(ms):.0f} ms; delivery lag p50 "
-              f"{percentile(lag, 0.5):.0f} ms, p99 {percentile(lag, 0.99):.0f} ms", flush=True)
+              f"{percentile(lag, 0.5):.0f} ms, p99 {percentile(lag, 0.99):.0f} ms; next batch "
+              f"fetched in p50 {1000 * percentile(phase.fetches, 0.5):.0f} ms", flush=True)
 
 
 async def main(args: argparse.Namespace) -> None:
@@ -175,18 +181,26 @@ async def main(args: argparse.Namespace) -> None:
     base = Phase(me, server)
     await run_phase(taskset, agent, runtime, args.group, args.concurrency, base)
     report("run (no consumer)", base, total)
+    streams: list[tuple[str, Phase]] = []
     for size in args.batch_sizes:
         phase = Phase(me, server)
         await stream_phase(taskset, agent, runtime, args.group, args.concurrency, size, phase)
         report(f"stream b={size}", phase, total)
-        print(f"stream b={size} / run throughput ratio {base.wall / phase.wall:.2f}", flush=True)
+        streams.append((f"stream b={size}", phase))
     if args.cli:
         size = args.batch_sizes[-1]
         phase = Phase(me, server)
         await cli_phase(taskset, agent, runtime, args.group, args.concurrency, size, phase,
                         rollouts_home() / "cli-stream.jsonl")
         report(f"rollouts stream b={size}", phase, total)
-        print(f"rollouts stream b={size} / run throughput ratio {base.wall / phase.wall:.2f}")
+        streams.append((f"rollouts stream b={size}", phase))
+    # The run again at the end: a shared box drifts; each stream is compared with both runs' mean.
+    again = Phase(me, server)
+    await run_phase(taskset, agent, runtime, args.group, args.concurrency, again)
+    report("run again", again, total)
+    mean = (base.wall + again.wall) / 2
+    for name, phase in streams:
+        print(f"{name} / run throughput ratio {mean / phase.wall:.2f}", flush=True)
     print(f"load average at the end {' '.join(f'{x:.1f}' for x in os.getloadavg())}", flush=True)
 
 

@@ -200,6 +200,35 @@ def test_a_consumer_killed_while_a_batch_is_in_hand_gets_that_batch_again(
     wait_until(lambda: status(job_id) == "completed", timeout=30, what="the job to finish")
 
 
+def test_a_reader_that_closes_the_pipe_is_exit_1_and_the_batch_in_hand_comes_again(
+        embedded_server, tmp_path, background_workers) -> None:
+    """The reader of stdout goes away while the CLI is blocked writing a batch: one error line
+    naming that batch, exit 1, and the batch is still the consumer's next."""
+    rows = 10
+    job_id = start_streamed(tasks_file(tmp_path, rows), background_workers, *FIXED,
+                            "--consumer", "piped")
+    proc = popen_stream(job_id, "--consumer", "piped")
+    try:
+        fcntl.fcntl(proc.stdout.fileno(), fcntl.F_SETPIPE_SZ, 4096)
+        wait_until(lambda: _blocked_writing_stdout(proc.pid, proc.stdout.fileno()), timeout=120,
+                   what="the consumer to block on its full stdout")
+        proc.stdout.close()  # the reader goes away
+        err = proc.stderr.read().decode()
+        proc.wait(30)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    cursor = view(embedded_server.address, job_id, "piped")[0]
+    assert proc.returncode == 1, err
+    lines = [line for line in err.splitlines() if line.strip()]
+    expected = (f"error: stdout was closed by its reader: batch piped:{cursor}-{cursor + 1} "
+                "was not acknowledged; consumer 'piped' gets it again next time")
+    assert lines == [expected], err
+    assert 1 <= cursor < rows
+    rest = rollouts("stream", job_id, "--consumer", "piped", timeout=120)
+    assert rest.code == 0 and [g["seq"] for g in lines_of(rest.out)] == list(range(cursor, rows))
+
+
 def test_a_file_consumer_killed_mid_stream_leaves_every_group_in_the_file_once(
         embedded_server, tmp_path, background_workers) -> None:
     """SIGKILL as soon as the first line is on disk (the ack, a round trip through the job's
