@@ -1,8 +1,9 @@
 """The ``rollouts`` command (typer): the entry point. One module per command group:
 
-``run`` (run, resume), ``regrade``, ``worker``, ``server``, ``inspect`` (jobs, show, cancel, export, trace),
-``gc``, ``task`` (``serve ENV.py`` and ``task list|start|grade``, for checking an environment by
-hand). Those modules only parse arguments; the bodies live in ``batch``, ``regrade_run``, ``views`` and ``service``
+``run`` (run, resume), ``stream`` (a streamed job's finished groups), ``regrade``, ``worker``,
+``server``, ``inspect`` (jobs, show, cancel, export, trace), ``gc``, ``task`` (``serve ENV.py`` and
+``task list|start|grade``, for checking an environment by hand). Those modules only parse
+arguments; the bodies live in ``batch``, ``consume``, ``regrade_run``, ``views`` and ``service``
 (over ``durable_rollouts.temporal``'s job API), formatting in ``render`` and ``progress``, option
 parsing in ``specs``, the shared error edge in ``common``. Every body runs under
 :func:`cli_errors` (or ``common.drive``), so bad input ends as one ``error:`` line on stderr with
@@ -16,7 +17,7 @@ import sys
 import typer
 from typer.exceptions import TyperException
 
-from durable_rollouts.cli import gc, inspect, regrade, run, server, task, worker
+from durable_rollouts.cli import gc, inspect, regrade, run, server, stream, task, worker
 from durable_rollouts.cli.common import cli_errors, fail
 from durable_rollouts.cli.storage_option import add_storage_option
 from durable_rollouts.cli.task import URL_ENV_VAR, task_app
@@ -30,7 +31,7 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
-for _group in (run, regrade, worker, server, inspect, gc, task):
+for _group in (run, stream, regrade, worker, server, inspect, gc, task):
     app.add_typer(_group.app)  # no name: the group's commands join ``rollouts`` directly
 
 

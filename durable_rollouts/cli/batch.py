@@ -14,7 +14,7 @@ import contextlib
 import json
 import sys
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -65,6 +65,10 @@ class RunOptions:
     retries: int = 0
     on_error: str = "keep"
     export_format: str = "jsonl"
+    stream: bool = False
+    max_in_flight: int | None = None
+    max_staleness: int | None = None
+    consumers: list[str] = field(default_factory=list)
 
 
 def ui_base(address: str | None) -> str | None:
@@ -242,6 +246,21 @@ def check_output(output: str | None, as_json: bool, export_format: str,
     check_format(export_format)
 
 
+def _stream_options(opts: RunOptions) -> Any:
+    """The ``StreamOptions`` of ``--stream`` (None without it); ConfigError for bad input."""
+    if not opts.stream:
+        if opts.max_in_flight is not None or opts.max_staleness is not None or opts.consumers:
+            raise ConfigError("--max-in-flight, --max-staleness and --consumer need --stream")
+        return None
+    if not opts.detach:
+        raise ConfigError("--stream needs --detach: the job stays open for its consumers; "
+                          "read it with `rollouts stream JOB --consumer NAME`")
+    from durable_rollouts.temporal.live import stream_options
+
+    return stream_options(opts.max_in_flight, opts.max_staleness, "resample", 3600.0,
+                          opts.consumers)
+
+
 async def run_batch(opts: RunOptions, out: Console, err: Console) -> int:
     from ..sdk.job import Job
     from durable_rollouts.temporal.batches import check_policy, start_job
@@ -250,6 +269,7 @@ async def run_batch(opts: RunOptions, out: Console, err: Console) -> int:
     from .specs import check_sources, load_agent_spec, load_tasks, parse_runtime
 
     check_output(opts.output, opts.as_json, opts.export_format, opts.detach)
+    stream = _stream_options(opts)
     on_error = check_policy(opts.retries, opts.on_error)
     taskset = load_tasks(opts.tasks, opts.name)
     agent = load_agent_spec(opts.agent, opts.agent_config)
@@ -290,6 +310,7 @@ async def run_batch(opts: RunOptions, out: Console, err: Console) -> int:
         task_queue=queue,
         retries=opts.retries,
         on_error=on_error,
+        stream=stream,
     )
     what = (f"{len(taskset)} tasks x {opts.group} = {len(taskset) * opts.group} rollouts, "
             f"agent {agent.spec().path}, runtime {runtime.spec().kind}")
@@ -304,7 +325,7 @@ async def _attend(opts: RunOptions, handle: Any, client: Any, queue: str, embedd
     try:  # the in-process worker (if any) is stopped before the command returns
         if opts.detach:
             return _detached(handle.job.id, handle.workflow_id, client, queue, embedded, ui, out,
-                             err, opts.as_json)
+                             err, opts.as_json, opts.consumers if opts.stream else None)
         announce(err, handle.job.id, what, ui)
         await follow(handle.handle, err, total=total, label="rollouts")
     finally:
@@ -323,13 +344,15 @@ def _detached(
     out: Console,
     err: Console,
     as_json: bool,
+    consumers: list[str] | None = None,
 ) -> int:
-    worker: dict[str, Any] = {}
+    """Print the started job (``consumers``: it streams, registered with those)."""
+    extra: dict[str, Any] = {} if consumers is None else {"stream_consumers": consumers}
     if embedded:
         from .service import spawn_worker
 
         pid, log = spawn_worker(_address(client), queue, job_id)
-        worker = {"worker_pid": pid, "worker_log": str(log)}
+        extra.update(worker_pid=pid, worker_log=str(log))
         note = (
             f"a background worker (pid {pid}, log {log}) runs it and exits when the job has closed"
         )
@@ -340,12 +363,16 @@ def _detached(
     if as_json:
         out.print_json(
             json.dumps(
-                {"job_id": job_id, "workflow_id": wf_id, "ui": render.ui_link(ui, job_id), **worker}
+                {"job_id": job_id, "workflow_id": wf_id, "ui": render.ui_link(ui, job_id), **extra}
             )
         )
     else:
         out.print(job_id, highlight=False)
         err.print(f"detached: {note}; follow it with `rollouts show {job_id}`", highlight=False)
+        if consumers is not None:
+            name = consumers[0] if consumers else "NAME"
+            err.print(f"read its finished groups with `rollouts stream {job_id} --consumer {name}`",
+                      highlight=False)
         link = render.ui_link(ui, job_id)
         if link:
             err.print(f"Web UI: {link}", highlight=False, soft_wrap=True)

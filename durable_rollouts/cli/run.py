@@ -31,7 +31,9 @@ RetriesOption = Annotated[
 OnErrorOption = Annotated[
     str,
     typer.Option(
-        "--on-error", help="keep | drop-group | fail: what an error left after retries means"
+        "--on-error",
+        help="keep | drop-group | drop-sample (with --stream) | fail: what an error left after "
+        "retries means",
     ),
 ]
 
@@ -46,6 +48,8 @@ Starts one Temporal batch (on the embedded dev server with a worker in this proc
 --retries N re-runs an errored or timed-out rollout fresh (new substrate, same group); --on-error then decides about an error left: keep (default), drop-group (the group is exported with dropped: true and left out of the stats) or fail (cancel the rest of the job; teardown still runs; exit 1). Only succeeded rollouts carry a reward.
 
 --detach with the embedded server starts a background `rollouts worker --until-job JOB` that exits when the job has closed; against --temporal it relies on running workers.
+
+--stream (with --detach) keeps finished groups for consumers: read them with `rollouts stream JOB --consumer NAME`. Each --consumer NAME is registered from the start, and the finished job stays open until every registered consumer has acknowledged every group (or an hour passed without a consumer acting, or `rollouts stream JOB --close`). --max-in-flight N: at most N groups running or delivered but not acknowledged; --max-staleness K: a group sampled more than K policy versions behind the trainer's (Job.set_policy) is re-sampled instead of delivered. --on-error drop-sample keeps a group without its failed members.
 """
 
 _RUN_EPILOG = """Examples:
@@ -55,6 +59,8 @@ _RUN_EPILOG = """Examples:
   rollouts run tasks.jsonl --agent agents.py:MyAgent --runtime subprocess:env.py -o runs.jsonl
 
   rollouts run tasks.py --agent mypkg.agents:Solver --runtime docker:letters-env --temporal temporal:7233 --detach
+
+  rollouts run tasks.py --agent mypkg.agents:Solver --group 8 --detach --stream --consumer trainer --max-in-flight 16
 """
 
 
@@ -108,6 +114,22 @@ def run(
             "--format", help="-o format: jsonl, openai, atif (ATIF-v1.8), atif-1.8 or atif-1.4"
         ),
     ] = "jsonl",
+    stream: Annotated[
+        bool,
+        typer.Option("--stream", help="keep finished groups for `rollouts stream` (needs --detach)"),
+    ] = False,
+    max_in_flight: Annotated[
+        int | None,
+        typer.Option("--max-in-flight", min=1, help="--stream: groups running or unacknowledged at most"),
+    ] = None,
+    max_staleness: Annotated[
+        int | None,
+        typer.Option("--max-staleness", min=0, help="--stream: policy versions a delivered group may lag"),
+    ] = None,
+    consumers: Annotated[
+        list[str] | None,
+        typer.Option("--consumer", help="--stream: a consumer the job waits for (repeatable)"),
+    ] = None,
 ) -> None:
     from durable_rollouts.cli.batch import RunOptions, run_batch
 
@@ -130,6 +152,10 @@ def run(
         retries=retries,
         on_error=on_error,
         export_format=export_format,
+        stream=stream,
+        max_in_flight=max_in_flight,
+        max_staleness=max_staleness,
+        consumers=consumers or [],
     )
     drive(lambda out, err: run_batch(opts, out, err))
 

@@ -35,6 +35,7 @@ __all__ = [
     "server_status",
     "server_stop",
     "spawn_worker",
+    "stop_event",
 ]
 
 
@@ -105,7 +106,8 @@ async def server_stop(out: Console) -> int:
     return 0
 
 
-def _stop_event() -> asyncio.Event:
+def stop_event() -> asyncio.Event:
+    """An event set by SIGTERM or SIGINT (Ctrl-C) on the running loop."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -130,7 +132,7 @@ async def run_server(out: Console, *, port: int | None, ui_port: int | None, hea
             highlight=False,
         )
         return 0
-    stop = _stop_event()
+    stop = stop_event()
     server = await ensure_dev_server(port=port, ui_port=ui_port, ui=not headless)
     try:
         out.print(f"Temporal gRPC: {server.address}", highlight=False)
@@ -177,7 +179,7 @@ async def run_worker(
         process_queue="auto",
         gc_every_s=config.gc_every if gc_every_s is None else gc_every_s,
     )
-    stop = _stop_event()
+    stop = stop_event()
     async with worker:
         queues = ", ".join([task_queue, *worker.queues.extra])
         out.print(

@@ -137,7 +137,9 @@ class LiveJob(Job):
     async def stream(self, consumer: str = "trainer", batch_size: int = 1, *,
                      poll_s: float = POLL_S) -> AsyncIterator[StreamBatch]:
         """Yield finished groups ``batch_size`` at a time, in completion order, until the batch
-        is done; each batch is delivered again (after a restart) until it is acknowledged.
+        is done; each batch is delivered again (after a restart) until it is acknowledged. A job
+        started with ``max_in_flight`` smaller than ``batch_size`` gives batches of that many
+        groups (it starts no more before an ack), and the last batch may be short.
 
         Raises:
             ConfigError: a bad consumer name or batch size, or a job that does not stream.
@@ -154,7 +156,8 @@ class LiveJob(Job):
             start, recorded = (await self.view(consumer, 0, 1)).cursor, False
         while True:
             view = await self.view(consumer, start, batch_size)
-            if view.groups and (len(view.groups) == batch_size or view.done):
+            full = min(batch_size, view.max_in_flight or batch_size)
+            if view.groups and (len(view.groups) >= full or view.done):
                 batch = StreamBatch(self, consumer, view.start, view.start + len(view.groups), view.groups,
                                     recorded=recorded)
                 batch.groups = [await self._runs(g) for g in view.groups]
@@ -251,7 +254,8 @@ async def attach(job_id: str, *, temporal: Any = None, worker: bool | None = Non
         raise ConfigError(f"no job {job_id!r} on this Temporal server")
     inp = await read_input(client, desc.id, desc.run_id, TasksetRunInput)
     if inp.stream is None:
-        raise ConfigError(f"job {job_id} does not stream finished groups: start it with Taskset.start(...)")
+        raise ConfigError(f"job {job_id} does not stream finished groups: start it with "
+                          "Taskset.start(...) or `rollouts run --detach --stream`")
     job = Job(id=job_id, name=inp.job_name or job_id, group=inp.group, taskset=inp.taskset_name)
     job.batches = batch_index + 1
     workflow = client.get_workflow_handle(desc.id, result_type=TasksetRunResult)

@@ -95,6 +95,9 @@ class StreamView(StrictModel):
     done: bool = False  # no more groups will be delivered (the last batch may be short)
     policy: PolicyRef | None = None
     counts: dict[str, int] = Field(default_factory=dict)
+    # The job's max_in_flight: more groups than that are never delivered before an ack, so a
+    # batch waits for at most that many.
+    max_in_flight: int | None = None
 
 
 class AckRequest(StrictModel):
@@ -204,8 +207,8 @@ class StreamState(StrictModel):
         start = max(req.start, cursor)
         return StreamView(consumer=req.consumer, cursor=cursor, start=start,
                           groups=self.delivered[start:start + req.limit], delivered=len(self.delivered),
-                          done=done, policy=policy,
-                          counts=dict(self.counts))
+                          done=done, policy=policy, counts=dict(self.counts),
+                          max_in_flight=self.options.max_in_flight)
 
     def check_ack(self, req: AckRequest) -> None:
         """ValueError unless ``req`` acknowledges the consumer's next groups (or is a repeat)."""

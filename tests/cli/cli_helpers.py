@@ -13,6 +13,8 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -99,3 +101,31 @@ def flaky_config(
             "fast_after_marker": fast_after_marker,
         }
     )
+
+
+def assert_one_line_error(result: Result, *needles: str) -> None:
+    """Exit code 2, ONE ``error:`` line on stderr (containing every needle), no traceback."""
+    assert result.code == 2, (result.code, result.out, result.err)
+    lines = [line for line in result.err.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.err
+    assert "Traceback" not in result.err + result.out
+    for needle in needles:
+        assert needle in lines[0], lines[0]
+
+
+def wait_until(predicate: Callable[[], Any], timeout: float = 30.0, what: str = "condition") -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    with open(f"/proc/{pid}/stat") as fh:  # an exited child of init not yet reaped is gone too
+        return fh.read().split()[2] != "Z"

@@ -6,16 +6,7 @@ import socket
 import time
 
 import pytest
-from cli_helpers import LETTERS, Result, rollouts
-
-
-def assert_one_line_error(result: Result, *needles: str) -> None:
-    assert result.code == 2, (result.code, result.out, result.err)
-    lines = [line for line in result.err.splitlines() if line.strip()]
-    assert len(lines) == 1 and lines[0].startswith("error: "), result.err
-    assert "Traceback" not in result.err + result.out
-    for needle in needles:
-        assert needle in lines[0], lines[0]
+from cli_helpers import LETTERS, assert_one_line_error, rollouts
 
 
 def free_port() -> int:

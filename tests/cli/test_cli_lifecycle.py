@@ -6,48 +6,16 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
-from cli_helpers import ANSWERS, LETTERS, flaky_config, rollouts
+from cli_helpers import ANSWERS, LETTERS, alive, flaky_config, rollouts, wait_until
 
 AGENT = "flaky_agent:FlakyAgent"
 
 
 def export_lines(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()]
-
-
-def wait_until(predicate, timeout: float = 30.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    with open(f"/proc/{pid}/stat") as fh:  # an exited child of init not yet reaped is gone too
-        return fh.read().split()[2] != "Z"
-
-
-@pytest.fixture
-def background_workers() -> Iterator[list[int]]:
-    """Pids of the workers `run --detach` started; any still alive at the end get SIGTERM."""
-    pids: list[int] = []
-    yield pids
-    for pid in pids:
-        if alive(pid):
-            os.kill(pid, signal.SIGTERM)
-            wait_until(lambda pid=pid: not alive(pid), timeout=15, what=f"worker {pid} to stop")
 
 
 def test_run_attached_summarizes_exports_and_is_listed_shown_and_traced(

@@ -125,6 +125,21 @@ async def test_back_pressure_keeps_at_most_max_in_flight_groups_ahead_of_the_con
     assert len(started) == 6 and worst == 2, worst
 
 
+async def test_a_batch_larger_than_max_in_flight_comes_short_instead_of_waiting_forever(
+        client, task_queue, tmp_path: Path) -> None:
+    """With max_in_flight=2 no third group starts before an ack: batch_size=3 gets batches of 2."""
+    job = await _rows(tmp_path, 5).start(CountingAgent(answer="x"), runtime=LocalRuntime(ENV_FILE),
+                                         temporal=client, worker=True, task_queue=task_queue,
+                                         max_in_flight=2)
+    batches = await asyncio.wait_for(_collect(_acked(job.stream(consumer="trainer", batch_size=3))), 90)
+    assert [b.id for b in batches] == ["trainer:0-2", "trainer:2-4", "trainer:4-5"]
+    await job.wait()
+
+
+async def _collect(stream):
+    return [batch async for batch in stream]
+
+
 async def test_a_group_sampled_under_an_old_policy_is_resampled_not_delivered(
         client, task_queue, tmp_path: Path) -> None:
     job = await _rows(tmp_path, 2).start(CountingAgent(answer="x", seconds=1.5), runtime=LocalRuntime(ENV_FILE),

@@ -1,0 +1,218 @@
+"""Stream throughput: a batch's finished groups delivered to a consumer that acks every batch.
+
+``--n`` trivial rollouts (``--group`` per row, so n / group groups) on the embedded server with
+an in-process worker, three ways in one run: ``Taskset.run`` (no consumer: the batch's own pace),
+then ``Taskset.start`` + ``job.stream(batch_size=B)`` + ``batch.ack()`` for each ``--batch-sizes``
+B, the consumer in the worker's process as a trainer would run it. For each: wall time, groups/s
+and rollouts/s, CPU of this process and of the dev server, peak RSS of both (VmHWM, reset before
+each phase); for a stream also ack latency (p50/p99 of ``await batch.ack()``), delivery lag
+(a group's last member ended in its Rollout workflow -> the consumer has it, p50/p99) and how
+long asking for the next batch took. ``--cli`` adds ``rollouts stream JOB -o FILE`` as a
+subprocess consumer (fsync per batch). The run goes again at the end (a shared box drifts);
+each stream is compared with the mean of both: ``stream b=B / run throughput ratio R``.
+
+    python benchmarks/bench_stream.py --n 10000 --group 4 --concurrency 256 --batch-sizes 1,8 [--cli]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import resource
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Self
+
+import psutil
+from _common import LETTERS, letter_tasks, percentile, private_home
+
+CONSUMER = "bench"
+
+
+@dataclass
+class Phase:
+    """CPU seconds and peak RSS of this process and the server over one phase."""
+
+    me: psutil.Process
+    server: psutil.Process
+    wall: float = 0.0
+    cpu: float = 0.0
+    server_cpu: float = 0.0
+    rss_mb: float = 0.0
+    server_rss_mb: float = 0.0
+    acks: list[float] = field(default_factory=list)
+    lags: list[float] = field(default_factory=list)
+    fetches: list[float] = field(default_factory=list)  # asking for the next batch -> having it
+    groups: int = 0
+    consumer_cpu: float | None = None  # a consumer subprocess's CPU seconds
+    _t0: float = 0.0
+    _cpu0: tuple[float, float] = (0.0, 0.0)
+
+    def __enter__(self) -> Self:
+        for proc in (self.me, self.server):
+            _reset_peak(proc.pid)
+        self._cpu0 = (_cpu(self.me), _cpu(self.server))
+        self._t0 = time.perf_counter()
+        return self
+
+    def stop(self) -> None:
+        self.wall = time.perf_counter() - self._t0
+        self.cpu = _cpu(self.me) - self._cpu0[0]
+        self.server_cpu = _cpu(self.server) - self._cpu0[1]
+        self.rss_mb, self.server_rss_mb = _peak_mb(self.me.pid), _peak_mb(self.server.pid)
+
+    def __exit__(self, *exc: object) -> None:
+        if not self.wall:
+            self.stop()
+
+
+def _cpu(proc: psutil.Process) -> float:
+    times = proc.cpu_times()
+    return times.user + times.system
+
+
+def _children_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def _reset_peak(pid: int) -> None:
+    """Reset the process's peak RSS (VmHWM) to its current RSS (Linux: clear_refs 5)."""
+    Path(f"/proc/{pid}/clear_refs").write_text("5")
+
+
+def _peak_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+async def run_phase(taskset, agent, runtime, group: int, concurrency: int, phase: Phase) -> None:
+    with phase:
+        job = await taskset.run(agent, runtime=runtime, group=group, max_concurrent=concurrency)
+    phase.groups = len({r.group_id for r in job.runs})
+    assert len(job.runs) == len(taskset) * group and all(r.status == "succeeded" for r in job.runs)
+
+
+async def stream_phase(taskset, agent, runtime, group: int, concurrency: int, batch_size: int,
+                       phase: Phase) -> None:
+    with phase:
+        job = await taskset.start(agent, runtime=runtime, group=group, max_concurrent=concurrency,
+                                  consumers=[CONSUMER], linger_s=600)
+        asked = time.perf_counter()
+        async for batch in job.stream(consumer=CONSUMER, batch_size=batch_size):
+            phase.fetches.append(time.perf_counter() - asked)
+            now = time.time()
+            phase.lags += [now - max(r.ended_at or now for r in rec.results) for rec in batch.records]
+            t0 = time.perf_counter()
+            await batch.ack()
+            phase.acks.append(time.perf_counter() - t0)
+            phase.groups += len(batch.records)
+            asked = time.perf_counter()
+        phase.stop()
+        done = await job.wait()  # every consumer caught up: the batch closes
+    assert phase.groups == len(taskset), (phase.groups, len(taskset))
+    assert all(r.status == "succeeded" for r in done.runs)
+
+
+async def cli_phase(taskset, agent, runtime, group: int, concurrency: int, batch_size: int,
+                    phase: Phase, out: Path) -> None:
+    """The same batch consumed by ``rollouts stream -o FILE`` in a subprocess (fsync per batch)."""
+    rollouts = str(Path(sys.executable).parent / "rollouts")
+    children0 = _children_cpu()
+    with phase:
+        job = await taskset.start(agent, runtime=runtime, group=group, max_concurrent=concurrency,
+                                  consumers=["cli"], linger_s=600)
+        proc = await asyncio.create_subprocess_exec(
+            rollouts, "stream", job.id, "--consumer", "cli", "--batch-size", str(batch_size),
+            "-o", str(out), stderr=subprocess.PIPE)
+        _, err = await proc.communicate()
+        phase.stop()
+        phase.consumer_cpu = _children_cpu() - children0
+        assert proc.returncode == 0, err.decode()[-2000:]
+        await job.wait()
+    phase.groups = len(out.read_text().splitlines())
+    assert phase.groups == len(taskset), phase.groups
+
+
+def report(name: str, phase: Phase, rollouts: int) -> None:
+    print(f"{name:<22} {phase.wall:7.1f} s  {phase.groups / phase.wall:6.1f} groups/s "
+          f"({rollouts / phase.wall:5.1f} rollouts/s)  CPU this process {phase.cpu:6.1f} s, "
+          f"server {phase.server_cpu:6.1f} s  peak RSS this process {phase.rss_mb:.0f} MiB, "
+          f"server {phase.server_rss_mb:.0f} MiB", flush=True)
+    if phase.consumer_cpu is not None:
+        print(f"{'':<22} CPU of the `rollouts stream` process {phase.consumer_cpu:.1f} s", flush=True)
+    if phase.acks:
+        ms = [1000 * a for a in phase.acks]
+        lag = [1000 * x for x in phase.lags]
+        print(f"{'':<22} {len(ms)} acks: p50 {percentile(ms, 0.5):.0f} ms, p99 "
+              f"{percentile(ms, 0.99):.0f} ms, max {max(ms):.0f} ms; delivery lag p50 "
+              f"{percentile(lag, 0.5):.0f} ms, p99 {percentile(lag, 0.99):.0f} ms; next batch "
+              f"fetched in p50 {1000 * percentile(phase.fetches, 0.5):.0f} ms", flush=True)
+
+
+async def main(args: argparse.Namespace) -> None:
+    from durable_rollouts.sdk.agents import FixedAgent
+    from durable_rollouts.sdk.paths import rollouts_home
+    from durable_rollouts.sdk.providers import LocalRuntime
+    from durable_rollouts.sdk.taskset import Taskset
+
+    rows = args.n // args.group
+    taskset = Taskset("stream-bench", letter_tasks(rows))
+    agent, runtime = FixedAgent(answer="2"), LocalRuntime(LETTERS)
+    warm = Taskset("warm", letter_tasks(4))
+    await warm.run(agent, runtime=runtime, group=2)
+    live = await warm.start(agent, runtime=runtime, group=2, consumers=[CONSUMER])
+    async for batch in live.stream(consumer=CONSUMER, batch_size=2):
+        await batch.ack()
+    await live.wait()
+
+    server = psutil.Process(json.loads((rollouts_home() / "temporal.json").read_text())["pid"])
+    me = psutil.Process()
+    total = rows * args.group
+    print(f"{total} rollouts = {rows} groups of {args.group}, concurrency {args.concurrency}; "
+          f"load average {' '.join(f'{x:.1f}' for x in os.getloadavg())}", flush=True)
+    base = Phase(me, server)
+    await run_phase(taskset, agent, runtime, args.group, args.concurrency, base)
+    report("run (no consumer)", base, total)
+    streams: list[tuple[str, Phase]] = []
+    for size in args.batch_sizes:
+        phase = Phase(me, server)
+        await stream_phase(taskset, agent, runtime, args.group, args.concurrency, size, phase)
+        report(f"stream b={size}", phase, total)
+        streams.append((f"stream b={size}", phase))
+    if args.cli:
+        size = args.batch_sizes[-1]
+        phase = Phase(me, server)
+        await cli_phase(taskset, agent, runtime, args.group, args.concurrency, size, phase,
+                        rollouts_home() / "cli-stream.jsonl")
+        report(f"rollouts stream b={size}", phase, total)
+        streams.append((f"rollouts stream b={size}", phase))
+    # The run again at the end: a shared box drifts; each stream is compared with both runs' mean.
+    again = Phase(me, server)
+    await run_phase(taskset, agent, runtime, args.group, args.concurrency, again)
+    report("run again", again, total)
+    mean = (base.wall + again.wall) / 2
+    for name, phase in streams:
+        print(f"{name} / run throughput ratio {mean / phase.wall:.2f}", flush=True)
+    print(f"load average at the end {' '.join(f'{x:.1f}' for x in os.getloadavg())}", flush=True)
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--n", type=int, default=10_000, help="rollouts (n / group groups)")
+    parser.add_argument("--group", type=int, default=4)
+    parser.add_argument("--concurrency", type=int, default=256)
+    parser.add_argument("--batch-sizes", type=lambda s: [int(x) for x in s.split(",")],
+                        default=[1, 8], help="comma-separated stream batch sizes")
+    parser.add_argument("--cli", action="store_true",
+                        help="also consume with `rollouts stream -o FILE` (the last batch size)")
+    args = parser.parse_args()
+    with private_home():
+        asyncio.run(main(args))
