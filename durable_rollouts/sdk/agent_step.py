@@ -18,7 +18,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 from ..models import Step, TaskCall, Trace, TraceRef
 from ..step_io import AgentInput, AgentResult, Checkpoint
-from . import channel
+from . import channel, kept
 from .agent_call import call_agent
 from .agents import Agent, load_agent
 from .client import EnvClient
@@ -72,17 +72,20 @@ def _agent_result(trace: Trace, ref: TraceRef) -> AgentResult:
 
 @contextlib.asynccontextmanager
 async def agent_channel(inp: AgentInput, client: EnvClient | None = None) -> AsyncIterator[EnvClient]:
-    """The agent's connection to its parked session (``client``, else a new one), closed without
-    ``bye`` on exit (the session stays parked for the grade step)."""
+    """The agent's connection to its session (``client``, else the one the start step kept, else a
+    new one); on exit kept open for the grade step where the endpoint allows it (``sdk.kept``),
+    else closed without ``bye`` (the session parks for the grade step)."""
     if inp.endpoint is None or inp.session is None:
         raise ValueError("agent_channel needs an opened substrate (AgentInput.endpoint/session)")
     if client is None:
         client = await channel.resume(inp.endpoint, inp.session)
     try:
         yield client
-    finally:
+    except BaseException:
         with contextlib.suppress(Exception):
             await client.close()
+        raise
+    await kept.keep_or_close(inp.endpoint, client)  # for the grade step (unless closed already)
 
 
 def _run_for(agent_input: AgentInput, client: EnvClient, trace: Trace,

@@ -34,6 +34,7 @@ from ..errors import (
 )
 from ..models import Endpoint, Grade, ServerKind, Session, Task
 from ..protocol import ErrorCode
+from . import kept
 from .client import EnvClient
 from .client import connect as _open
 from .tokens import endpoint_token, token_rejected, uses_derived_token
@@ -139,6 +140,9 @@ async def resume(endpoint: Endpoint, session: Session, timeout: float | None = N
     session is asked for again a few times (a just-closed session may not be parked yet), unless
     not ``patient``.
     """
+    client = kept.take(endpoint, session.session_id)  # left open by this rollout's last step
+    if client is not None:
+        return client
     timeout = timeout or float(endpoint.params.get("resume_timeout", RESUME_TIMEOUT_S))
     last: ProtocolError | None = None
     for delay in (*(_RESUME_BACKOFF_S if patient else ()), None):
@@ -165,6 +169,9 @@ async def start_client(endpoint: Endpoint, session: Session, *, may_move: bool) 
     step's connection, so a new one is opened when ``may_move`` (the caller records the session
     the task runs in: ``StartInput.with_session``).
     """
+    client = kept.take(endpoint, session.session_id)  # the connect step's, never closed
+    if client is not None:
+        return client
     if may_move and not SERVER_TRAITS[session.server].keeps_idle_sessions:
         return await fresh(endpoint, RESUME_TIMEOUT_S, refused_limit=REFUSED_LIMIT)
     return await resume(endpoint, session)

@@ -125,6 +125,11 @@ class EnvClient:
         self._opened: dict[str, Any] = {}
         self._opening = asyncio.Lock()
 
+    @property
+    def connected(self) -> bool:
+        """False once the connection was closed (by either side's close, ``bye`` or a failure)."""
+        return self._stream is not None
+
     # -- calls ---------------------------------------------------------------------------------
 
     async def _call(self, method: Method, params: dict[str, Any] | None = None) -> dict[str, Any]:

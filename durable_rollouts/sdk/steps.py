@@ -26,7 +26,7 @@ from ..step_io import (
     Started,
     TeardownInput,
 )
-from . import channel
+from . import channel, kept
 from .paths import rollouts_home, safe_name
 from .providers import DurableProvider, provider_from_spec
 
@@ -51,10 +51,8 @@ async def provision(inp: ProvisionInput) -> Endpoint:
 async def connect(inp: ConnectInput) -> Session:
     """Open a control-channel session on the endpoint and leave it parked for later steps."""
     client = await channel.fresh(inp.endpoint, channel.ready_timeout(inp.endpoint, inp.ready_timeout_s))
-    try:
-        return channel.session_of(client)
-    finally:
-        await client.close()
+    await kept.keep_or_close(inp.endpoint, client)  # the start step may take it back (``kept``)
+    return channel.session_of(client)
 
 
 async def start(inp: StartInput) -> dict[str, Any] | Started:
@@ -66,9 +64,11 @@ async def start(inp: StartInput) -> dict[str, Any] | Started:
     client = await channel.start_client(inp.endpoint, inp.session, may_move=inp.with_session)
     try:
         prompt = await channel.start_task(client, inp.task)
-        return Started(session=channel.session_of(client), prompt=prompt) if inp.with_session else prompt
-    finally:
+    except BaseException:
         await client.close()
+        raise
+    await kept.keep_or_close(inp.endpoint, client)
+    return Started(session=channel.session_of(client), prompt=prompt) if inp.with_session else prompt
 
 
 async def grade(inp: GradeInput, *, client: channel.EnvClient | None = None, retried: bool = False) -> Grade:
@@ -88,9 +88,12 @@ async def grade(inp: GradeInput, *, client: channel.EnvClient | None = None, ret
             return channel.lost_grade(inp.session, inp.answer, inp.agent_error, exc)
         raise
     try:
-        return await channel.grade_in(client, inp.answer, inp.agent_error)
-    finally:
+        grade = await channel.grade_in(client, inp.answer, inp.agent_error)
+    except BaseException:
         await client.close()
+        raise
+    await kept.keep_or_close(inp.endpoint, client)  # for the teardown step's bye
+    return grade
 
 
 def actor_result(grade: Grade | None, answer: str | None, agent_error: str | None = None) -> dict[str, Any]:

@@ -153,7 +153,9 @@ class LocalRuntime(DurableProvider):
             served = await _share(env, self._ready_timeout(task))
             served.keys.add(key)
             _BY_KEY[key] = served
-        return Endpoint(url=served.url, params={}, config=task.runtime_config,
+        # keep: only this process serves it, so each step may leave its connection open for the
+        # rollout's next one (``sdk.kept``).
+        return Endpoint(url=served.url, params={"keep": True}, config=task.runtime_config,
                         provider=self._endpoint_spec(), key=key, handle={"pid": os.getpid()})
 
     async def release(self, endpoint: Endpoint) -> None:
