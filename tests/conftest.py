@@ -23,7 +23,7 @@ SLOW = (
     "temporal/test_worker_lifetime.py", "providers/test_docker", "providers/test_daytona.py",
     "providers/test_ssh.py", "cli/", "training/test_cli_", "training/test_replay.py",
     "training/test_regrade.py", "training/test_grpo", "training/test_visibility.py",
-    "training/test_policies.py", "hud/", "test_cli_task.py", "sdk/test_direct.py",
+    "training/test_policies.py", "hud_v6/", "test_cli_task.py", "sdk/test_direct.py",
     "fuzz/test_protocol_states.py",
 )
 

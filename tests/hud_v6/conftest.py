@@ -25,12 +25,8 @@ FIXTURES = HERE / "fixtures"
 QUICKSTART = FIXTURES / "quickstart" / "tasks.py"
 MCP_ENV = FIXTURES / "mcp_tools" / "env.py"
 
-sys.path.insert(0, str(HERE.parent / "temporal"))  # temporal_fixtures, temporal_helpers
-sys.path.insert(0, str(HERE.parent / "cli"))  # cli_helpers
-sys.path.insert(0, str(HERE))  # hud_agents
-
-from embedded_fixtures import embedded_server, stop_embedded_server_at_exit  # noqa: E402,F401
-from temporal_fixtures import client, dev_server, task_queue  # noqa: E402,F401
+from embedded_fixtures import embedded_server, stop_embedded_server_at_exit  # noqa: F401
+from temporal_fixtures import client, dev_server, task_queue  # noqa: F401
 
 HUD_PORT_LINE = "HUD_SERVE_PORT="
 
