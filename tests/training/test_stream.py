@@ -269,6 +269,7 @@ class _FailSetPolicy(Interceptor):
         return Inbound
 
 
+@pytest.mark.slow  # waits out Temporal's workflow-task retry (~20 s)
 async def test_an_update_is_sent_again_until_a_failed_workflow_task_recovers(
         client, task_queue, tmp_path: Path) -> None:
     job = await _rows(tmp_path, 2).start(CountingAgent(answer="x", seconds=2.0), runtime=LocalRuntime(ENV_FILE),
