@@ -16,7 +16,7 @@ import sys
 
 from ..errors import ConfigError, EnvError
 from ..settings import settings, var
-from ..hudcompat import is_hud_environment
+from ..hud_detect import is_hud_environment
 from .environment import Environment
 from .hud_env import check_hud_serving
 from .loader import load_environment

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import ConfigError, EnvError
-from ..hudcompat import import_hud
+from ..hud_detect import import_hud
 
 __all__ = ["HudServer", "check_hud_serving", "serving_hud"]
 

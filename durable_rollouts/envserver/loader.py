@@ -9,7 +9,7 @@ hud, the error says how to install it.
 A user's file is run by :func:`import_file`, which lets it import the modules next to it (as
 ``python env.py`` would) without touching ``sys.path``: while the file runs, a finder placed just
 before Python's path finder resolves top-level names in the file's folder first, and it is removed
-afterwards. Imports only ``environment.py`` and the shared errors and hudcompat modules.
+afterwards. Imports only ``environment.py`` and the shared errors and hud_detect modules.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from types import ModuleType
 from typing import Any
 
 from ..errors import ConfigError
-from ..hudcompat import is_hud_environment, missing_hud
+from ..hud_detect import is_hud_environment, missing_hud
 from .environment import Environment
 
 __all__ = ["import_file", "load_environment"]

@@ -35,7 +35,7 @@ from ..protocol import (
     error_frame,
 )
 from .dispatch import DEFAULT_MAX_TASKS, Connection, Dispatcher
-from ..hudcompat import is_hud_environment
+from ..hud_detect import is_hud_environment
 from .environment import Environment
 from .hud_env import check_hud_serving, serving_hud
 from .tunnel import serve_tunnel

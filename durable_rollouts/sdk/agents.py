@@ -4,7 +4,7 @@ An agent reaches a worker as data (``AgentSpec``: ``module:QualName`` or a built
 plus its pydantic config) and is rebuilt there by :func:`load_agent`. A HUD v6 agent (a subclass
 of ``hud.agents.base.Agent``) travels the same way, as its own class path plus ``dump()``, and runs
 through :class:`HudAgent`; :func:`as_agent` accepts either kind of agent object. Imports models,
-errors, hudcompat, run and the HUD adapter only; never envserver, providers or Temporal.
+errors, hud_detect, run and the HUD adapter only; never envserver, providers or Temporal.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError
 
 from ..errors import ConfigError
-from ..hudcompat import is_hud_agent_class, missing_hud
+from ..hud_detect import is_hud_agent_class, missing_hud
 from ..models import AgentSpec
 from .hud_compat import run_hud_agent
 

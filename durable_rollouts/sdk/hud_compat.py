@@ -6,7 +6,7 @@ the file that defines its template, so a provider can serve that file. A HUD age
 ``hud.agents.base.Agent``) runs as a rollout's agent through ``agents.HudAgent``, which calls
 :func:`run_hud_agent`: the agent gets a ``hud.eval.Run`` built from ours (prompt, bindings, a
 ``HudClient`` whose bindings point at our tunnels) and its trace and answer are copied back. hud
-is imported lazily, only for HUD objects. Imports models and hudcompat; never Temporal,
+is imported lazily, only for HUD objects. Imports models and hud_detect; never Temporal,
 envserver or the agents module (which imports this one).
 """
 
@@ -18,7 +18,7 @@ import socket
 import time
 from typing import TYPE_CHECKING, Any
 
-from ..hudcompat import import_hud
+from ..hud_detect import import_hud
 from ..models import Step, Task
 
 if TYPE_CHECKING:

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic import ValidationError
 
 from ..errors import ConfigError
-from ..hudcompat import is_hud_task, is_hud_taskset, missing_hud
+from ..hud_detect import is_hud_task, is_hud_taskset, missing_hud
 from ..models import Task
 from .hud_compat import task_from_hud
 

@@ -7,7 +7,7 @@ import pytest
 
 hud = pytest.importorskip("hud", reason="needs the hud package (HUD v6): pip install 'durable-rollouts[hud]'")
 
-from conftest import QUICKSTART  # noqa: E402
+from hud_paths import QUICKSTART  # noqa: E402
 from hud_agents import LetterCounter, SuffixConfig, Suffixed, Unreachable  # noqa: E402
 
 from durable_rollouts import Taskset  # noqa: E402

@@ -15,7 +15,7 @@ import pytest
 hud = pytest.importorskip("hud", reason="needs the hud package (HUD v6): pip install 'durable-rollouts[hud]'")
 
 from cli_helpers import rollouts, rollouts_cmd  # noqa: E402
-from conftest import MCP_ENV, QUICKSTART, announced  # noqa: E402
+from hud_paths import MCP_ENV, QUICKSTART, announced  # noqa: E402
 from hud_agents import LetterCounter, ToolCaller  # noqa: E402
 
 from durable_rollouts import Task, Taskset  # noqa: E402

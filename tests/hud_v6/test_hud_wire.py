@@ -16,7 +16,7 @@ import pytest
 
 hud = pytest.importorskip("hud", reason="needs the hud package (HUD v6): pip install 'durable-rollouts[hud]'")
 
-from conftest import QUICKSTART  # noqa: E402
+from hud_paths import QUICKSTART  # noqa: E402
 from hud.agents.base import Agent as HudAgentBase  # noqa: E402
 from hud.capabilities import Connection  # noqa: E402
 from hud.clients import HudProtocolError  # noqa: E402

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 from cli_helpers import rollouts
-from conftest import QUICKSTART
+from hud_paths import QUICKSTART
 
 from durable_rollouts.errors import ConfigError
-from durable_rollouts.hudcompat import HUD_INSTALL_HINT, import_hud, missing_hud
+from durable_rollouts.hud_detect import HUD_INSTALL_HINT, import_hud, missing_hud
 
 AGENTS = Path(__file__).resolve().parent / "hud_agents.py"
 

@@ -69,7 +69,7 @@ class LocalRuntime(DurableProvider):
     def __init__(self, source: Any = None, *, env_name: str | None = None,
                  ready_timeout: float = 60.0) -> None:
         from ...envserver import Environment  # lazy: serving needs it, importing this does not
-        from ...hudcompat import is_hud_environment
+        from ...hud_detect import is_hud_environment
 
         self.env_name = env_name
         self.ready_timeout = ready_timeout
@@ -187,7 +187,7 @@ class LocalRuntime(DurableProvider):
 
     async def _environment_for(self, task: Task) -> Any:
         from ...envserver import Environment, load_environment
-        from ...hudcompat import is_hud_environment
+        from ...hud_detect import is_hud_environment
 
         if self.factory is not None:
             env = self.factory(task)
