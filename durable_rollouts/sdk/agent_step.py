@@ -79,13 +79,8 @@ async def agent_channel(inp: AgentInput, client: EnvClient | None = None) -> Asy
         raise ValueError("agent_channel needs an opened substrate (AgentInput.endpoint/session)")
     if client is None:
         client = await channel.resume(inp.endpoint, inp.session)
-    try:
+    async with kept.lent(inp.endpoint, client):  # kept for the grade step (unless closed already)
         yield client
-    except BaseException:
-        with contextlib.suppress(Exception):
-            await client.close()
-        raise
-    await kept.keep_or_close(inp.endpoint, client)  # for the grade step (unless closed already)
 
 
 def _run_for(agent_input: AgentInput, client: EnvClient, trace: Trace,

@@ -14,11 +14,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import AsyncIterator
 
 from ..models import Endpoint
 from .client import EnvClient
 
-__all__ = ["KEEP_S", "keep_or_close", "keeps", "take"]
+__all__ = ["KEEP_S", "keep_or_close", "keeps", "lent", "take"]
 
 KEEP_S = 30.0
 """A kept connection not taken back within this many seconds is closed (its session parks)."""
@@ -54,6 +55,19 @@ async def keep_or_close(endpoint: Endpoint, client: EnvClient) -> None:
         await old[0].close()
     timer = asyncio.get_running_loop().call_later(KEEP_S, _expire, key)
     _KEPT[key] = (client, timer)
+
+
+@contextlib.asynccontextmanager
+async def lent(endpoint: Endpoint, client: EnvClient) -> AsyncIterator[EnvClient]:
+    """A step's use of ``client``: closed if the step fails, else kept for the next step
+    (:func:`keep_or_close`)."""
+    try:
+        yield client
+    except BaseException:
+        with contextlib.suppress(Exception):
+            await client.close()
+        raise
+    await keep_or_close(endpoint, client)
 
 
 def _expire(key: tuple[str, str]) -> None:

@@ -62,12 +62,8 @@ async def start(inp: StartInput) -> dict[str, Any] | Started:
     ended with its connection); ``Started.session`` names it for the later steps.
     """
     client = await channel.start_client(inp.endpoint, inp.session, may_move=inp.with_session)
-    try:
+    async with kept.lent(inp.endpoint, client):  # kept for the agent step
         prompt = await channel.start_task(client, inp.task)
-    except BaseException:
-        await client.close()
-        raise
-    await kept.keep_or_close(inp.endpoint, client)
     return Started(session=channel.session_of(client), prompt=prompt) if inp.with_session else prompt
 
 
@@ -87,13 +83,8 @@ async def grade(inp: GradeInput, *, client: channel.EnvClient | None = None, ret
         if retried and not channel.SERVER_TRAITS[inp.session.server].keeps_graded_sessions:
             return channel.lost_grade(inp.session, inp.answer, inp.agent_error, exc)
         raise
-    try:
-        grade = await channel.grade_in(client, inp.answer, inp.agent_error)
-    except BaseException:
-        await client.close()
-        raise
-    await kept.keep_or_close(inp.endpoint, client)  # for the teardown step's bye
-    return grade
+    async with kept.lent(inp.endpoint, client):  # kept for the teardown step's bye
+        return await channel.grade_in(client, inp.answer, inp.agent_error)
 
 
 def actor_result(grade: Grade | None, answer: str | None, agent_error: str | None = None) -> dict[str, Any]:
