@@ -20,7 +20,7 @@ from temporal_helpers import async_wait_for, read_lines
 from durable_rollouts.models import Task
 from durable_rollouts.sdk.openai_agent import OpenAIChatAgent
 from durable_rollouts.temporal.batches import start_job
-from durable_rollouts.sdk.providers import SubprocessRuntime
+from durable_rollouts.sdk.providers import LocalRuntime, SubprocessRuntime
 from durable_rollouts.sdk.taskset import Taskset
 
 pytestmark = [pytest.mark.timeout(180),
@@ -81,6 +81,34 @@ async def test_kill_while_a_model_request_is_in_flight_repeats_only_that_request
     kinds = [e.WhichOneof("attributes") for e in history.events]
     assert kinds.count("workflow_execution_update_completed_event_attributes") >= 7
     await Replayer(workflows=[Rollout], data_converter=data_converter()).replay_workflow(history)
+
+
+async def test_kill_mid_turn_with_an_in_process_env_reruns_the_turns_once_on_a_fresh_substrate(
+        client, task_queue, start_worker, model, evidence: Path, monkeypatch) -> None:
+    """The env runs in the worker (``LocalRuntime``): SIGKILL the worker while the 4th model
+    request is in flight, after 3 tool calls changed its workspace. The substrate died with the
+    worker, so the agent step's retry finds that worker's queue unpolled and the rollout starts
+    again on a fresh substrate in the live worker. Counted in each workspace: the first holds
+    the 3 tool calls of attempt 1 once each, the second all 6 of attempt 2 once each; only the
+    second is graded."""
+    monkeypatch.setenv("ROLLOUTS_QUEUE_TIMEOUT", "3")
+    llm = await model(hold={4})
+    first = start_worker()
+    handle = await start_job(Taskset("turns", [steps_task(evidence)]),
+                             OpenAIChatAgent(model="m", base_url=llm.url),
+                             runtime=LocalRuntime(STEPS_ENV), temporal=client, worker=False,
+                             task_queue=task_queue)
+    await asyncio.wait_for(llm.held.wait(), 60)
+    first_workspace = Path((evidence / "ws").read_text())
+    assert workspace_log(evidence) == STEPS[:3]
+    first.kill()
+    start_worker()
+    job = await asyncio.wait_for(handle.wait(), 120)
+    run = assert_graded_once_correct(job, evidence)
+    assert run.attempts == 2 and "attempt 1 (agent loop)" in (run.error or ""), run.error
+    assert Path((evidence / "ws").read_text()) != first_workspace
+    assert read_lines(first_workspace / "log.txt") == STEPS[:3]  # attempt 1's calls, once each
+    assert [tool_results(r["body"]) for r in llm.requests] == [0, 1, 2, 3, 0, 1, 2, 3, 4, 5, 6]
 
 
 async def test_kill_right_after_a_checkpoint_returns_loses_nothing(
