@@ -130,7 +130,7 @@ class Bench:
     async def path(self, name: str, n: int, sleep: float, concurrency: int, group: int = 1) -> Sample:
         from durable_rollouts.sdk.agents import SleepAgent
         from durable_rollouts.sdk.direct import run_direct
-        from durable_rollouts.sdk.providers import LocalRuntime
+        from durable_rollouts.runtimes import LocalRuntime
         from durable_rollouts.sdk.taskset import Taskset
 
         runtime = LocalRuntime(LETTERS)
@@ -186,7 +186,7 @@ class Bench:
 async def latency(samples: int) -> None:
     from durable_rollouts.sdk.agents import FixedAgent
     from durable_rollouts.sdk.direct import run_direct
-    from durable_rollouts.sdk.providers import LocalRuntime
+    from durable_rollouts.runtimes import LocalRuntime
     from durable_rollouts.sdk.taskset import Taskset
 
     runtime, agent = LocalRuntime(LETTERS), FixedAgent(answer="2")
@@ -251,8 +251,8 @@ async def main(args: argparse.Namespace) -> None:
     from durable_rollouts.sdk.agents import FixedAgent
     from durable_rollouts.sdk.direct import run_direct
     from durable_rollouts.temporal.batches import _client, shutdown_embedded
-    from durable_rollouts.sdk.paths import rollouts_home
-    from durable_rollouts.sdk.providers import LocalRuntime
+    from durable_rollouts.paths import rollouts_home
+    from durable_rollouts.runtimes import LocalRuntime
     from durable_rollouts.sdk.taskset import Taskset
 
     paths = [p for p in args.paths.split(",") if p]

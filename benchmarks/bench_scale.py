@@ -55,13 +55,13 @@ async def main(n: int, concurrency: int, sample: int, storage: str, direct: bool
                shapes: list[str]) -> None:
     from durable_rollouts.sdk.agents import FixedAgent
     from durable_rollouts.temporal.batches import _client, shutdown_embedded, start_job
-    from durable_rollouts.sdk.providers import LocalRuntime
+    from durable_rollouts.runtimes import LocalRuntime
     from durable_rollouts.sdk.taskset import Taskset
 
     taskset = Taskset("scale", letter_tasks(n))
     warm = Taskset("warm", letter_tasks(2))
     await (await start_job(warm, FixedAgent(answer="2"), runtime=LocalRuntime(LETTERS))).wait()
-    from durable_rollouts.sdk.paths import rollouts_home
+    from durable_rollouts.paths import rollouts_home
 
     server = psutil.Process(json.loads((rollouts_home() / "temporal.json").read_text())["pid"])
     me = psutil.Process()

@@ -159,8 +159,8 @@ def report(name: str, phase: Phase, rollouts: int) -> None:
 
 async def main(args: argparse.Namespace) -> None:
     from durable_rollouts.sdk.agents import FixedAgent
-    from durable_rollouts.sdk.paths import rollouts_home
-    from durable_rollouts.sdk.providers import LocalRuntime
+    from durable_rollouts.paths import rollouts_home
+    from durable_rollouts.runtimes import LocalRuntime
     from durable_rollouts.sdk.taskset import Taskset
 
     rows = args.n // args.group

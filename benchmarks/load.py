@@ -63,7 +63,7 @@ async def main_async(args: argparse.Namespace) -> None:
 
     from durable_rollouts.models import Task
     from durable_rollouts.temporal.batches import start_job
-    from durable_rollouts.sdk.providers import LocalRuntime
+    from durable_rollouts.runtimes import LocalRuntime
     from durable_rollouts.sdk.taskset import Taskset
     from durable_rollouts.temporal.connection import connect_client
 

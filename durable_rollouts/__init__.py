@@ -26,12 +26,12 @@ if TYPE_CHECKING:
     from .sdk.file_tracking import file_tracking_observer
     from .sdk.job import Job
     from .sdk.lifetime import session
-    from .sdk.providers import LocalRuntime, Runtime, SubprocessRuntime
-    from .sdk.providers.daytona import DaytonaRuntime
-    from .sdk.providers.docker import DockerRuntime
-    from .sdk.providers.hud import HUDRuntime
-    from .sdk.providers.modal import ModalRuntime
-    from .sdk.providers.ssh import SSHRuntime
+    from .runtimes import LocalRuntime, Runtime, SubprocessRuntime
+    from .runtimes.daytona import DaytonaRuntime
+    from .runtimes.docker import DockerRuntime
+    from .runtimes.hud import HUDRuntime
+    from .runtimes.modal import ModalRuntime
+    from .runtimes.ssh import SSHRuntime
     from .sdk.run import Run
     from .sdk.taskset import Taskset
 
@@ -67,23 +67,23 @@ _WHERE = {
     "Agent": "durable_rollouts.sdk.agents",
     "Answer": "durable_rollouts.envserver",
     "Capability": "durable_rollouts.envserver",
-    "DaytonaRuntime": "durable_rollouts.sdk.providers.daytona",
-    "DockerRuntime": "durable_rollouts.sdk.providers.docker",
+    "DaytonaRuntime": "durable_rollouts.runtimes.daytona",
+    "DockerRuntime": "durable_rollouts.runtimes.docker",
     "Environment": "durable_rollouts.envserver",
     "Grade": "durable_rollouts.models",
-    "HUDRuntime": "durable_rollouts.sdk.providers.hud",
+    "HUDRuntime": "durable_rollouts.runtimes.hud",
     "Job": "durable_rollouts.sdk.job",
-    "LocalRuntime": "durable_rollouts.sdk.providers",
-    "ModalRuntime": "durable_rollouts.sdk.providers.modal",
+    "LocalRuntime": "durable_rollouts.runtimes",
+    "ModalRuntime": "durable_rollouts.runtimes.modal",
     "Run": "durable_rollouts.sdk.run",
-    "Runtime": "durable_rollouts.sdk.providers",
+    "Runtime": "durable_rollouts.runtimes",
     "RuntimeConfig": "durable_rollouts.models",
     "RuntimeGPU": "durable_rollouts.models",
     "RuntimeLimits": "durable_rollouts.models",
     "RuntimeResources": "durable_rollouts.models",
-    "SSHRuntime": "durable_rollouts.sdk.providers.ssh",
+    "SSHRuntime": "durable_rollouts.runtimes.ssh",
     "Step": "durable_rollouts.models",
-    "SubprocessRuntime": "durable_rollouts.sdk.providers",
+    "SubprocessRuntime": "durable_rollouts.runtimes",
     "Task": "durable_rollouts.models",
     "Taskset": "durable_rollouts.sdk.taskset",
     "Trace": "durable_rollouts.models",

@@ -18,7 +18,7 @@ from durable_rollouts.errors import (
     RemoteTaskError,
     UnauthorizedError,
 )
-from durable_rollouts.sdk.client import connect
+from durable_rollouts.client.envclient import connect
 
 
 def _env() -> Environment:

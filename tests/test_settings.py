@@ -90,7 +90,7 @@ def test_the_settings_defaults_match_the_constants_they_stand_for() -> None:
 
 def test_a_subprocess_sees_the_environment_it_inherits(tmp_path: Path) -> None:
     out = subprocess.run(
-        [sys.executable, "-c", "from durable_rollouts.sdk.paths import rollouts_home; "
+        [sys.executable, "-c", "from durable_rollouts.paths import rollouts_home; "
                                "print(rollouts_home())"],
         env={"ROLLOUTS_HOME": str(tmp_path / "child"), "PATH": "/usr/bin:/bin"},
         capture_output=True, text=True, check=True, timeout=60)

@@ -1,7 +1,7 @@
 """Temporal activities: resolve, provision, connect, start, agent, grade, verify, teardown.
 
 Classes built with their dependencies; each activity is a thin wrapper over
-``durable_rollouts.sdk.steps`` with errors mapped at one edge (``failures``). Workflows never
+``durable_rollouts.steps.substrate`` with errors mapped at one edge (``failures``). Workflows never
 import this package (they reference activities by name).
 """
 

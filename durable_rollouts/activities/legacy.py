@@ -23,10 +23,13 @@ from durable_rollouts.activities.checkpoints import AgentCheckpoints
 from durable_rollouts.activities.failures import map_errors, map_step_errors
 from durable_rollouts.errors import ConfigError, ModelAPIError, SubstrateGoneError
 from durable_rollouts.models import Endpoint, Grade
-from durable_rollouts.sdk import agent_step, merged_steps, steps
+from durable_rollouts.activities import legacy_steps as merged_steps
+from durable_rollouts.steps import agent as agent_step
+from durable_rollouts.steps import substrate as steps
 from durable_rollouts.sdk.agents import load_agent
-from durable_rollouts.sdk.providers import provider_from_spec
-from durable_rollouts.sdk.tracestore import TraceStore
+from durable_rollouts.sdk.run import Run
+from durable_rollouts.runtimes import provider_from_spec
+from durable_rollouts.steps.tracestore import TraceStore
 from durable_rollouts.step_io import AgentInput, AgentResult, GradeInput, Opened, ProvisionInput
 from durable_rollouts.workflows.types import ACT_CLOSE, ACT_OPEN
 
@@ -140,7 +143,8 @@ class LegacySteps:
             if inp.open is not None:
                 return await self._open_and_run(inp, checkpoints, last)
             return await owner.beating(
-                agent_step.run_agent(inp, trace_store=owner.trace_store, checkpointer=checkpoints.save,
+                agent_step.run_agent(inp, agent=load_agent(inp.agent), new_run=Run.for_step,
+                                     trace_store=owner.trace_store, checkpointer=checkpoints.save,
                                      last_attempt=last, after=_closer(inp)),
                 checkpoints.details)
 
@@ -160,8 +164,9 @@ class LegacySteps:
         on = inp.on(opened)
         try:
             result = await owner.beating(
-                agent_step.run_agent(on, trace_store=owner.trace_store, checkpointer=checkpoints.save,
-                                     last_attempt=last, agent=agent, client=client, after=_closer(on)),
+                agent_step.run_agent(on, agent=agent, new_run=Run.for_step,
+                                     trace_store=owner.trace_store, checkpointer=checkpoints.save,
+                                     last_attempt=last, client=client, after=_closer(on)),
                 checkpoints.details)
         except (asyncio.CancelledError, SubstrateGoneError, ConfigError):
             await asyncio.shield(release_quietly(opened))

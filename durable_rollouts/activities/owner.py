@@ -17,7 +17,7 @@ from temporalio.worker import (
     Interceptor,
 )
 
-from durable_rollouts.sdk.labels import current_owner, server_id
+from durable_rollouts.runtimes.labels import current_owner, server_id
 
 __all__ = ["OwnerInterceptor"]
 

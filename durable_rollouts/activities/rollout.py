@@ -22,9 +22,13 @@ from durable_rollouts.activities.checkpoints import AgentCheckpoints
 from durable_rollouts.activities.failures import map_errors
 from durable_rollouts.activities.legacy import LegacySteps
 from durable_rollouts.models import Endpoint, Grade, Session
-from durable_rollouts.sdk import agent_step, steps, verifier, verify_once
-from durable_rollouts.sdk.providers import provider_from_spec
-from durable_rollouts.sdk.tracestore import TraceStore
+from durable_rollouts.steps import agent as agent_step
+from durable_rollouts.steps import substrate as steps
+from durable_rollouts.steps import verifier, verify_once
+from durable_rollouts.runtimes import provider_from_spec
+from durable_rollouts.sdk.agents import load_agent
+from durable_rollouts.sdk.run import Run
+from durable_rollouts.steps.tracestore import TraceStore
 from durable_rollouts.step_io import (
     AgentInput,
     AgentResult,
@@ -189,7 +193,8 @@ class RolloutActivities:
             # workflow's task to leave a dead worker's sticky queue: keep heartbeating meanwhile
             inp = await self.beating(checkpoints.restore(inp), checkpoints.details)
             return await self.beating(
-                agent_step.run_agent(inp, trace_store=self.trace_store,
+                agent_step.run_agent(inp, agent=load_agent(inp.agent), new_run=Run.for_step,
+                                     trace_store=self.trace_store,
                                      checkpointer=checkpoints.save, last_attempt=self.last_attempt()),
                 checkpoints.details)
 

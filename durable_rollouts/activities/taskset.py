@@ -20,7 +20,7 @@ from temporalio import activity
 from durable_rollouts.activities.failures import map_errors
 from durable_rollouts.errors import ConfigError
 from durable_rollouts.models import RolloutResult, Task
-from durable_rollouts.sdk.paths import rollouts_home
+from durable_rollouts.paths import rollouts_home
 from durable_rollouts.temporal import storage
 from durable_rollouts.workflows.types import (
     ACT_LOAD_ROWS,

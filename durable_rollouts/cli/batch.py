@@ -21,7 +21,7 @@ from typing import Any
 from rich.console import Console
 
 from ..errors import ConfigError
-from ..sdk.paths import rollouts_home
+from ..paths import rollouts_home
 from ..settings import settings
 from ..workflows.types import DEFAULT_TASK_QUEUE
 from durable_rollouts.cli import render

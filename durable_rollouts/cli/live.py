@@ -14,7 +14,7 @@ import time
 from datetime import timedelta
 from typing import Any
 
-from ..sdk.board import BOARD, ProgressBoard
+from ..temporal.board import BOARD, ProgressBoard
 from ..workflows import TasksetRun
 from ..workflows.types import Progress
 

@@ -25,7 +25,7 @@ from typing import Any
 from rich.console import Console
 
 from ..processes import pid_alive
-from ..sdk.paths import rollouts_home
+from ..paths import rollouts_home
 from ..settings import WORKER_READY, settings
 
 __all__ = [

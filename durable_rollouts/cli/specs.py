@@ -111,10 +111,10 @@ def ssh_key_default() -> str | None:
 
 
 def _optional_provider(module: str, cls: str, what: str) -> Any:
-    if importlib.util.find_spec(f"durable_rollouts.sdk.providers.{module}") is None:
+    if importlib.util.find_spec(f"durable_rollouts.runtimes.{module}") is None:
         raise ConfigError(f"the {what} runtime is not available in this installation")
     try:
-        mod = importlib.import_module(f"durable_rollouts.sdk.providers.{module}")
+        mod = importlib.import_module(f"durable_rollouts.runtimes.{module}")
     except ImportError as exc:
         raise ConfigError(f"the {what} runtime is not available: {exc}") from None
     return getattr(mod, cls)
@@ -155,7 +155,7 @@ def _ssh_runtime(spec: str) -> Any:
 
 def parse_runtime(spec: str) -> Any:
     """Build the provider named by ``spec`` (see :data:`RUNTIME_KINDS`)."""
-    from ..sdk.providers import LocalRuntime, Runtime, SubprocessRuntime
+    from ..runtimes import LocalRuntime, Runtime, SubprocessRuntime
 
     spec = spec.strip()
     if spec.startswith("tcp://"):
@@ -194,7 +194,7 @@ def parse_runtime(spec: str) -> Any:
 
 def check_sources(tasks: Any, runtime: Any) -> None:
     """A ``local``/``subprocess`` runtime without a file needs every row to name its env file."""
-    from ..sdk.providers import LocalRuntime, SubprocessRuntime
+    from ..runtimes import LocalRuntime, SubprocessRuntime
 
     if not isinstance(runtime, (LocalRuntime, SubprocessRuntime)) or getattr(runtime, "path", None):
         return

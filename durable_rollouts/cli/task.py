@@ -86,7 +86,7 @@ def serve(
 
 
 async def _list(url: str, timeout: float) -> list[dict[str, Any]]:
-    from durable_rollouts.sdk.client import connect
+    from durable_rollouts.client.envclient import connect
 
     async with await connect(url, ready_timeout=timeout, keepalive_s=None) as client:
         return await client.list_tasks()
@@ -110,7 +110,7 @@ def task_list(
 
 
 async def _start(url: str, task: str, args: dict[str, Any], timeout: float) -> tuple[str | None, dict[str, Any]]:
-    from durable_rollouts.sdk.client import connect
+    from durable_rollouts.client.envclient import connect
 
     client = await connect(url, ready_timeout=timeout, keepalive_s=None)
     try:
@@ -139,7 +139,7 @@ def task_start(
 
 
 async def _grade(url: str, task: str, answer: str, session: str | None, timeout: float) -> dict[str, Any]:
-    from durable_rollouts.sdk.client import connect
+    from durable_rollouts.client.envclient import connect
 
     client = await connect(url, ready_timeout=timeout, session_id=session, keepalive_s=None)
     try:

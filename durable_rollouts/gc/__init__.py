@@ -26,7 +26,7 @@ from typing import Any
 
 # Besides the public API, a few internals stay importable from here (tests use them).
 from durable_rollouts.gc.candidates import _Candidate, _candidates  # noqa: F401
-from durable_rollouts.sdk.labels import (  # noqa: F401
+from durable_rollouts.runtimes.labels import (  # noqa: F401
     LABEL_DEADLINE,
     LABEL_HOST,
     LABEL_JOB,

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import logging
 
-from durable_rollouts.sdk.providers import provider_classes
-from durable_rollouts.sdk.providers.base import Substrate
+from durable_rollouts.runtimes import provider_classes
+from durable_rollouts.runtimes.base import Substrate
 
 __all__: list[str] = []
 

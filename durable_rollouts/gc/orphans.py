@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from durable_rollouts.gc.candidates import _Candidate, _candidates
-from durable_rollouts.sdk.labels import (
+from durable_rollouts.runtimes.labels import (
     LABEL_DEADLINE,
     LABEL_HOST,
     LABEL_KEY,

@@ -11,8 +11,8 @@ import logging
 from typing import Any
 
 from durable_rollouts.gc.orphans import Orphan, _workflow_closed, find_orphans
-from durable_rollouts.sdk.providers import provider_classes
-from durable_rollouts.sdk.providers.base import Substrate
+from durable_rollouts.runtimes import provider_classes
+from durable_rollouts.runtimes.base import Substrate
 
 __all__ = ["collect"]
 

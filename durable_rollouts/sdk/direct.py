@@ -29,12 +29,15 @@ from ..step_io import (
     VerifyInput,
     graded_outcome,
 )
-from . import agent_step, merged_steps, steps, verify_once
+from ..steps import agent as agent_step
+from ..steps import substrate as steps
+from ..steps import verify_once
+from ..activities import legacy_steps as merged_steps
 from .agents import Agent, as_agent
 from .job import Job
-from .providers.base import DurableProvider
+from ..runtimes.base import DurableProvider
 from .run import Run
-from .tracestore import TraceStore
+from ..steps.tracestore import TraceStore
 from .validation import validate_batch
 
 if TYPE_CHECKING:

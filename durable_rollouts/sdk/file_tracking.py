@@ -37,11 +37,11 @@ from pydantic import BaseModel, Field
 
 from ..errors import InvalidStateError
 from ..models import Trace
-from .capabilities import find_binding, protocol_family
+from ..client.capabilities import find_binding, protocol_family
 from .run import Run
 
 if TYPE_CHECKING:
-    from .client import EnvClient
+    from ..client.envclient import EnvClient
 
 __all__ = ["DEFAULT_EXCLUDE", "FileChange", "FileChanges", "file_tracking_observer"]
 

@@ -41,7 +41,7 @@ from pydantic import Field
 from ..errors import ConfigError, ModelAPIError
 from ..models import Step
 from .agents import Agent
-from .capabilities import close_capability, open_capability, protocol_family
+from ..client.capabilities import close_capability, open_capability, protocol_family
 
 if TYPE_CHECKING:
     from .run import Run

@@ -32,7 +32,7 @@ from .job import Job
 from .replay_agent import REPLAY_LINK, ReplayAgent, ReplayEntry, ReplayManifest, entry_key
 from .saved_rollouts import SavedRollout, from_run, read_export
 from .taskset import DURABLE_EXECUTOR, Taskset
-from .tracestore import TraceStore
+from ..steps.tracestore import TraceStore
 
 __all__ = ["RegradeSummary", "ReplayBatch", "ReplayTaskset", "RewardChange", "check_grader",
            "is_export_path", "plan_batches", "replay_taskset"]
@@ -190,7 +190,7 @@ class ReplayTaskset(Taskset):
         if self.runtime_spec is None:
             raise ConfigError("re-grading saved rollouts from a Job object or an export file needs "
                               "runtime=... (the runtime is only known for a job id)")
-        from .providers import provider_from_spec
+        from ..runtimes import provider_from_spec
 
         return provider_from_spec(self.runtime_spec)
 
@@ -316,7 +316,7 @@ def check_grader(path: str | Path, rollouts: list[SavedRollout]) -> str:
 
 def _grader_runtime(runtime: Any, saved_spec: ProviderSpec | None) -> Any:
     """The runtime of a re-grade with a grader file: one that serves each row's env file."""
-    from .providers import LocalRuntime, SubprocessRuntime
+    from ..runtimes import LocalRuntime, SubprocessRuntime
 
     if runtime is not None:
         if getattr(runtime, "kind", None) not in FILE_RUNTIMES:

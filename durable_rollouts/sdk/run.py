@@ -22,10 +22,10 @@ from ..models import (
     Trace,
     TraceRef,
 )
-from ..step_io import Checkpoint
+from ..step_io import AgentInput, Checkpoint
 
 if TYPE_CHECKING:
-    from .client import EnvClient
+    from ..client.envclient import EnvClient
 
 __all__ = ["Run"]
 
@@ -111,6 +111,17 @@ class Run:
         self._durable_steps = len(self.trace.steps)
         self._last_state = snapshot
         self.checkpoints += 1
+
+    @classmethod
+    def for_step(cls, inp: AgentInput, client: EnvClient, trace: Trace,
+                 checkpointer: Callable[[Checkpoint], Awaitable[None]] | None = None) -> Run:
+        """The Run an agent receives in the agent step: the one builder of both executors, so an
+        agent sees the same ids, ``group_index``, ``row_index`` and ``attempt`` in each."""
+        return cls(task=inp.task, prompt=inp.prompt, bindings=list(client.bindings), client=client,
+                   trace=trace, job_id=inp.job_id, group_id=inp.group_id, rollout_id=inp.rollout_id,
+                   group_index=inp.group_index, row_index=inp.row_index, attempt=inp.retry + 1,
+                   policy_version=inp.policy_version, policy_endpoint=inp.policy_endpoint,
+                   _checkpointer=checkpointer)
 
     def _rewind(self, base: int) -> None:
         """Drop what came after the last checkpoint (or after the first ``base`` steps)."""

@@ -10,7 +10,7 @@ from typing import Any
 
 from ..errors import ConfigError
 from ..models import Task
-from .providers.base import DurableProvider
+from ..runtimes.base import DurableProvider
 
 __all__ = ["validate_batch"]
 

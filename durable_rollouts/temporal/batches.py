@@ -34,7 +34,7 @@ from durable_rollouts.sdk import lifetime
 from durable_rollouts.sdk.agents import as_agent, check_remote
 from durable_rollouts.sdk.job import Job, mark_dropped
 from durable_rollouts.sdk.run import Run
-from durable_rollouts.sdk.tracestore import TraceStore
+from durable_rollouts.steps.tracestore import TraceStore
 from durable_rollouts.sdk.validation import validate_batch
 from durable_rollouts.settings import settings
 from durable_rollouts.temporal.connection import connect_client, ensure_search_attributes, resolve_address

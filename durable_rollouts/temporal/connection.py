@@ -11,7 +11,7 @@ Store pragmas: WAL + ``synchronous=NORMAL``. A killed server process loses nothi
 the OS page cache); an OS crash or power loss may lose the last transactions since the previous
 checkpoint. Set ``ROLLOUTS_SQLITE_SYNC=FULL`` to trade speed for that, too.
 
-Imports temporalio and ``durable_rollouts.sdk.paths`` only.
+Imports temporalio and ``durable_rollouts.paths`` only.
 """
 
 from __future__ import annotations
@@ -34,8 +34,8 @@ from temporalio.client import Client
 from durable_rollouts.temporal.codec import data_converter
 from durable_rollouts.errors import ConfigError
 from durable_rollouts.processes import pid_alive, stop_process
-from durable_rollouts.sdk.locks import file_lock
-from durable_rollouts.sdk.paths import rollouts_home
+from durable_rollouts.locks import file_lock
+from durable_rollouts.paths import rollouts_home
 from durable_rollouts.settings import settings, var
 from durable_rollouts.workflows.types import SEARCH_ATTRIBUTES
 

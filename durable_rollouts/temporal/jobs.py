@@ -26,7 +26,7 @@ from ..errors import ConfigError
 from ..models import RolloutResult, Task
 from ..sdk.job import Job, mark_dropped
 from ..sdk.run import Run
-from ..sdk.tracestore import TraceStore
+from ..steps.tracestore import TraceStore
 from ..workflows import TasksetRun, child_id, group_id, rollout_id, workflow_id
 from ..workflows.types import ResultsRef, RolloutInput, TasksetRunInput, TasksetRunResult
 

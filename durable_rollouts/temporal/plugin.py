@@ -22,7 +22,7 @@ from temporalio.plugin import SimplePlugin
 from temporalio.worker import Worker
 
 from durable_rollouts.activities import Queues
-from durable_rollouts.sdk.tracestore import TraceStore
+from durable_rollouts.steps.tracestore import TraceStore
 from durable_rollouts.temporal.codec import data_converter
 from durable_rollouts.temporal.eviction import evict_cached
 from durable_rollouts.worker import worker_parts

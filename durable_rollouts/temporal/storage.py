@@ -39,10 +39,10 @@ from temporalio.converter import (
 )
 
 from durable_rollouts.errors import ConfigError
-from durable_rollouts.sdk.blobs import register_blobs
+from durable_rollouts.steps.blobs import register_blobs
 from durable_rollouts.temporal.encryption import AESGCMCodec
 from durable_rollouts.temporal.storage_loop import LOOP
-from durable_rollouts.sdk.paths import atomic_write, rollouts_home
+from durable_rollouts.paths import atomic_write, rollouts_home
 from durable_rollouts.settings import settings, var
 
 __all__ = [

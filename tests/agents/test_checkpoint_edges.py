@@ -22,7 +22,7 @@ from durable_rollouts.models import Task
 from durable_rollouts.sdk.direct import run_direct
 from durable_rollouts.sdk.openai_agent import OpenAIChatAgent
 from durable_rollouts.temporal.batches import start_job
-from durable_rollouts.sdk.providers import LocalRuntime, SubprocessRuntime
+from durable_rollouts.runtimes import LocalRuntime, SubprocessRuntime
 from durable_rollouts.sdk.taskset import Taskset
 
 pytestmark = pytest.mark.timeout(180)

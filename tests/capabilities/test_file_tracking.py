@@ -17,10 +17,10 @@ from durable_rollouts.envserver import serving
 from durable_rollouts.errors import InvalidStateError
 from durable_rollouts.models import Trace
 from durable_rollouts.sdk.agents import Agent
-from durable_rollouts.sdk.capabilities import CapabilityNotFoundError
-from durable_rollouts.sdk.client import connect
+from durable_rollouts.client.capabilities import CapabilityNotFoundError
+from durable_rollouts.client.envclient import connect
 from durable_rollouts.sdk.direct import run_direct
-from durable_rollouts.sdk.providers import LocalRuntime
+from durable_rollouts.runtimes import LocalRuntime
 from durable_rollouts.sdk.run import Run
 
 REPO = Path(__file__).resolve().parents[2]

@@ -14,8 +14,8 @@ from fastmcp import FastMCP
 from durable_rollouts.envserver import Environment, serving
 from durable_rollouts.envserver.mcp import McpService, add_mcp
 from durable_rollouts.errors import EnvError
-from durable_rollouts.sdk.capabilities import close_capability, open_capability
-from durable_rollouts.sdk.client import connect
+from durable_rollouts.client.capabilities import close_capability, open_capability
+from durable_rollouts.client.envclient import connect
 from mcp_tools import calculator
 
 

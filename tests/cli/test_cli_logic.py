@@ -105,7 +105,7 @@ def test_a_rollout_is_found_by_row_number_full_id_or_unique_suffix() -> None:
 
 
 def test_runtime_specs_build_their_providers() -> None:
-    from durable_rollouts.sdk.providers import LocalRuntime, Runtime, SubprocessRuntime
+    from durable_rollouts.runtimes import LocalRuntime, Runtime, SubprocessRuntime
 
     assert isinstance(parse_runtime("local"), LocalRuntime)
     sub = parse_runtime(f"subprocess:{LETTERS}")

@@ -11,7 +11,7 @@ import pytest
 
 from durable_rollouts.envserver import Capability, Environment, EnvServer, serving
 from durable_rollouts.errors import ConfigError
-from durable_rollouts.sdk.client import connect
+from durable_rollouts.client.envclient import connect
 
 
 @pytest.fixture

@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from durable_rollouts.errors import ConnectionLostError, ProtocolError
-from durable_rollouts.sdk.client import EnvClient, _Stream
+from durable_rollouts.client.envclient import EnvClient, _Stream
 
 replies = st.one_of(
     any_line,

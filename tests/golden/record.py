@@ -47,7 +47,7 @@ from durable_rollouts.sdk.agents import FixedAgent, TableAgent  # noqa: E402
 from durable_rollouts.sdk.job import Job  # noqa: E402
 from durable_rollouts.sdk.lifetime import session  # noqa: E402
 from durable_rollouts.temporal.batches import JobHandle, shutdown_embedded, start_job  # noqa: E402
-from durable_rollouts.sdk.providers import LocalRuntime, SubprocessRuntime  # noqa: E402
+from durable_rollouts.runtimes import LocalRuntime, SubprocessRuntime  # noqa: E402
 from durable_rollouts.sdk.taskset import Taskset  # noqa: E402
 from durable_rollouts.temporal.connection import connect_client  # noqa: E402
 

@@ -33,7 +33,7 @@ from durable_rollouts.models import RolloutResult, Task
 from durable_rollouts.release import MEMO_KEY, release_name
 from durable_rollouts.sdk.agents import SleepAgent
 from durable_rollouts.temporal.batches import start_job
-from durable_rollouts.sdk.providers import LocalRuntime
+from durable_rollouts.runtimes import LocalRuntime
 from durable_rollouts.sdk.taskset import Taskset
 from durable_rollouts.workflows import Rollout, TasksetRun, rollout_id
 from durable_rollouts.workflows.legacy import LegacyRollout

@@ -21,7 +21,7 @@ from hud_agents import LetterCounter, ToolCaller  # noqa: E402
 from durable_rollouts import Task, Taskset  # noqa: E402
 from durable_rollouts.protocol import SERVE_PORT_ANNOUNCEMENT  # noqa: E402
 from durable_rollouts.sdk.direct import run_direct  # noqa: E402
-from durable_rollouts.sdk.providers import LocalRuntime, SubprocessRuntime  # noqa: E402
+from durable_rollouts.runtimes import LocalRuntime, SubprocessRuntime  # noqa: E402
 
 AGENTS = Path(__file__).resolve().parent / "hud_agents.py"
 

@@ -27,9 +27,9 @@ from durable_rollouts import Environment  # noqa: E402
 from durable_rollouts.envserver import serving  # noqa: E402
 from durable_rollouts.errors import ConfigError  # noqa: E402
 from durable_rollouts.models import Task  # noqa: E402
-from durable_rollouts.sdk import steps  # noqa: E402
-from durable_rollouts.sdk.client import connect  # noqa: E402
-from durable_rollouts.sdk.providers import Runtime  # noqa: E402
+from durable_rollouts.steps import substrate as steps  # noqa: E402
+from durable_rollouts.client.envclient import connect  # noqa: E402
+from durable_rollouts.runtimes import Runtime  # noqa: E402
 from durable_rollouts.step_io import ConnectInput, GradeInput, StartInput, TeardownInput  # noqa: E402
 
 LETTERS = Path(__file__).resolve().parents[2] / "examples" / "letters" / "env.py"

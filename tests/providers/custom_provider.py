@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from durable_rollouts.models import Endpoint, ProviderSpec, Task
-from durable_rollouts.sdk.providers import SubprocessRuntime
+from durable_rollouts.runtimes import SubprocessRuntime
 
 __all__ = ["CountingProvider"]
 

@@ -34,16 +34,16 @@ from durable_rollouts.step_io import (
     StartInput,
     TeardownInput,
 )
-from durable_rollouts.sdk import steps
+from durable_rollouts.steps import substrate as steps
 from durable_rollouts.sdk.agents import FixedAgent
-from durable_rollouts.sdk.client import connect
+from durable_rollouts.client.envclient import connect
 from durable_rollouts.sdk.direct import run_direct
-from durable_rollouts.sdk.providers import daytona as daytona_module
-from durable_rollouts.sdk.providers import provider_from_spec
-from durable_rollouts.sdk.providers.base import container_name
-from durable_rollouts.sdk.providers.daytona import DaytonaRuntime
+from durable_rollouts.runtimes import daytona as daytona_module
+from durable_rollouts.runtimes import provider_from_spec
+from durable_rollouts.runtimes.base import container_name
+from durable_rollouts.runtimes.daytona import DaytonaRuntime
 from durable_rollouts.sdk.taskset import Taskset
-from durable_rollouts.sdk.tokens import substrate_token
+from durable_rollouts.client.tokens import substrate_token
 
 from fake_daytona import API_KEY, DaytonaStandIn
 from substrates_support import ENV_IMAGE_DIR, REPO
@@ -258,7 +258,7 @@ _ABANDON = """
 import asyncio, os, sys
 from durable_rollouts.envserver import load_environment
 from durable_rollouts.models import ProviderSpec
-from durable_rollouts.sdk.providers import provider_from_spec
+from durable_rollouts.runtimes import provider_from_spec
 
 async def main():
     runtime = provider_from_spec(ProviderSpec.model_validate_json(sys.argv[1]))

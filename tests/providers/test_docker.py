@@ -18,12 +18,12 @@ from durable_rollouts.envserver import load_environment
 from durable_rollouts.errors import ConfigError, ProviderError
 from durable_rollouts.models import RuntimeConfig, Task
 from durable_rollouts.sdk.agents import FixedAgent
-from durable_rollouts.sdk.client import connect
+from durable_rollouts.client.envclient import connect
 from durable_rollouts.sdk.direct import run_direct
 from durable_rollouts.gc import LABEL_DEADLINE, LABEL_OWNER, collect, find_orphans
-from durable_rollouts.sdk.providers.docker import DockerRuntime
+from durable_rollouts.runtimes.docker import DockerRuntime
 from durable_rollouts.sdk.taskset import Taskset
-from durable_rollouts.sdk.tokens import substrate_token
+from durable_rollouts.client.tokens import substrate_token
 
 from substrates_support import ENV_IMAGE_DIR, TEST_KEY_PREFIX, containers_for
 
@@ -217,7 +217,7 @@ async def test_a_one_mebibyte_argument_travels_over_the_socket(docker_client, te
 
 
 async def test_spec_round_trips_through_provider_from_spec():
-    from durable_rollouts.sdk.providers import provider_from_spec
+    from durable_rollouts.runtimes import provider_from_spec
 
     runtime = DockerRuntime(
         "img",
@@ -269,7 +269,7 @@ async def test_gc_removes_a_container_whose_owner_process_is_gone(
         return dict(real_labels(key, **kw), **{LABEL_OWNER: str(dead_pid)})
 
     monkeypatch.setattr(
-        "durable_rollouts.sdk.providers.docker.owner_labels", labels_of_a_dead_owner
+        "durable_rollouts.runtimes.docker.owner_labels", labels_of_a_dead_owner
     )
     key = _key()
     await DockerRuntime(test_image).acquire(_task(), key)

@@ -24,7 +24,7 @@ from durable_rollouts.envserver import load_environment
 from durable_rollouts.sdk.agents import FixedAgent
 from durable_rollouts.gc import collect, find_orphans
 from durable_rollouts.temporal.batches import shutdown_embedded, start_job
-from durable_rollouts.sdk.providers.docker import DockerRuntime
+from durable_rollouts.runtimes.docker import DockerRuntime
 from durable_rollouts.sdk.taskset import Taskset
 from durable_rollouts.temporal.connection import connect_client
 

@@ -19,7 +19,7 @@ from durable_rollouts.gc import (
     owner_labels,
     workflow_for_key,
 )
-from durable_rollouts.sdk.providers.subprocess import SubprocessRuntime, substrate_dir
+from durable_rollouts.runtimes.subprocess import SubprocessRuntime, substrate_dir
 
 from substrates_support import ENV_IMAGE_DIR
 

@@ -28,13 +28,13 @@ from durable_rollouts.step_io import (
     StartInput,
     TeardownInput,
 )
-from durable_rollouts.sdk import steps
+from durable_rollouts.steps import substrate as steps
 from durable_rollouts.sdk.agents import FixedAgent
-from durable_rollouts.sdk.client import connect
+from durable_rollouts.client.envclient import connect
 from durable_rollouts.sdk.direct import run_direct
-from durable_rollouts.sdk.providers import hud as hud_module
-from durable_rollouts.sdk.providers import provider_from_spec
-from durable_rollouts.sdk.providers.hud import HUDRuntime
+from durable_rollouts.runtimes import hud as hud_module
+from durable_rollouts.runtimes import provider_from_spec
+from durable_rollouts.runtimes.hud import HUDRuntime
 from durable_rollouts.sdk.taskset import Taskset
 
 from fake_hud import API_KEY, HUDStandIn

@@ -21,9 +21,9 @@ import pytest
 from durable_rollouts.envserver import load_environment
 from durable_rollouts.errors import ProviderError
 from durable_rollouts.models import RuntimeConfig, RuntimeGPU, RuntimeResources
-from durable_rollouts.sdk.client import connect
-from durable_rollouts.sdk.providers.modal import ModalRuntime
-from durable_rollouts.sdk.tokens import substrate_token
+from durable_rollouts.client.envclient import connect
+from durable_rollouts.runtimes.modal import ModalRuntime
+from durable_rollouts.client.tokens import substrate_token
 
 from fake_modal import FakeModal
 from substrates_support import ENV_IMAGE_DIR
@@ -111,7 +111,7 @@ async def test_a_sandbox_that_dies_early_reports_its_log_lines_and_is_terminated
 
 
 def test_spec_round_trips_through_provider_from_spec():
-    from durable_rollouts.sdk.providers import provider_from_spec
+    from durable_rollouts.runtimes import provider_from_spec
 
     runtime = ModalRuntime(
         "img",

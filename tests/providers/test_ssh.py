@@ -22,12 +22,12 @@ import pytest
 from durable_rollouts.envserver import load_environment
 from durable_rollouts.errors import ConfigError, ProviderError
 from durable_rollouts.sdk.agents import FixedAgent
-from durable_rollouts.sdk.client import connect
+from durable_rollouts.client.envclient import connect
 from durable_rollouts.sdk.direct import run_direct
-from durable_rollouts.sdk.providers import ssh as ssh_module
-from durable_rollouts.sdk.providers.ssh import SSHRuntime
+from durable_rollouts.runtimes import ssh as ssh_module
+from durable_rollouts.runtimes.ssh import SSHRuntime
 from durable_rollouts.sdk.taskset import Taskset
-from durable_rollouts.sdk.tokens import substrate_token
+from durable_rollouts.client.tokens import substrate_token
 
 from substrates_support import ENV_IMAGE_DIR
 
@@ -252,7 +252,7 @@ async def test_a_batch_of_rollouts_runs_through_the_direct_executor_on_ssh(ssh_h
 
 
 def test_spec_round_trips_through_provider_from_spec():
-    from durable_rollouts.sdk.providers import provider_from_spec
+    from durable_rollouts.runtimes import provider_from_spec
 
     runtime = SSHRuntime("h", "u", "/k", port=2222, workdir="/w", known_hosts="/kh", python="py")
     rebuilt = provider_from_spec(runtime.spec())

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from durable_rollouts.sdk.paths import rollouts_home
+from durable_rollouts.paths import rollouts_home
 
 REPO = Path(__file__).resolve().parents[2]
 LETTERS = REPO / "examples" / "letters" / "env.py"

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from durable_rollouts.sdk.board import MAX_BATCHES, ProgressBoard
+from durable_rollouts.temporal.board import MAX_BATCHES, ProgressBoard
 
 
 def test_replayed_posts_count_once_and_running_is_started_minus_finished() -> None:

@@ -15,8 +15,8 @@ from durable_rollouts.processes import pid_alive
 from durable_rollouts.sdk.agents import Agent, FailAgent, FixedAgent, SleepAgent, TableAgent
 from durable_rollouts.sdk.direct import run_direct
 from durable_rollouts.sdk.job import Job
-from durable_rollouts.sdk.procs import read_state
-from durable_rollouts.sdk.providers.subprocess import substrate_dir
+from durable_rollouts.runtimes.procs import read_state
+from durable_rollouts.runtimes.subprocess import substrate_dir
 from durable_rollouts.sdk.run import Run
 
 LETTER_ANSWERS = {"count_letter": "3", "reverse_word": "reward", "vowels": '["e", "u", "a", "i", "o"]'}

@@ -29,7 +29,7 @@ from durable_rollouts.graders import (
 from durable_rollouts.models import Task
 from durable_rollouts.sdk.agents import FixedAgent
 from durable_rollouts.sdk.direct import run_direct
-from durable_rollouts.sdk.providers import LocalRuntime
+from durable_rollouts.runtimes import LocalRuntime
 from durable_rollouts.sdk.taskset import Taskset
 
 

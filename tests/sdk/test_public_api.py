@@ -9,7 +9,7 @@ from pathlib import Path
 import durable_rollouts
 import durable_rollouts.graders
 import durable_rollouts.sdk
-import durable_rollouts.sdk.providers
+import durable_rollouts.runtimes
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -20,7 +20,7 @@ def test_design_names_are_exported_and_sorted() -> None:
                 "RuntimeGPU", "RuntimeResources", "RuntimeLimits", "file_tracking_observer",
                 "DaytonaRuntime", "HUDRuntime"}
     assert expected <= set(durable_rollouts.__all__)
-    for module in (durable_rollouts, durable_rollouts.sdk, durable_rollouts.sdk.providers, durable_rollouts.graders):
+    for module in (durable_rollouts, durable_rollouts.sdk, durable_rollouts.runtimes, durable_rollouts.graders):
         assert module.__all__ == sorted(module.__all__), module.__name__
         for name in module.__all__:
             assert getattr(module, name) is not None

@@ -17,10 +17,10 @@ from durable_rollouts.envserver import Environment, serving
 from durable_rollouts.errors import ConfigError
 from durable_rollouts.models import ProviderSpec
 from durable_rollouts.sdk.agents import FixedAgent
-from durable_rollouts.sdk.client import connect
+from durable_rollouts.client.envclient import connect
 from durable_rollouts.sdk.direct import run_direct
-from durable_rollouts.sdk.providers import provider_from_spec
-from durable_rollouts.sdk.providers.subprocess import substrate_dir
+from durable_rollouts.runtimes import provider_from_spec
+from durable_rollouts.runtimes.subprocess import substrate_dir
 from durable_rollouts.sdk.taskset import Taskset
 
 REPO = Path(__file__).resolve().parents[2]
@@ -125,7 +125,7 @@ async def test_a_subprocess_substrate_outlives_the_process_that_placed_it(tmp_pa
     code = (
         "import asyncio, sys\n"
         "from durable_rollouts.models import Task\n"
-        "from durable_rollouts.sdk.providers import SubprocessRuntime\n"
+        "from durable_rollouts.runtimes import SubprocessRuntime\n"
         "task = Task.model_validate_json(sys.argv[1])\n"
         "async def main():\n"
         "    ep = await SubprocessRuntime(sys.argv[2]).acquire(task, 'orphan-key')\n"

@@ -27,8 +27,12 @@ from durable_rollouts.step_io import (
     StartInput,
     TeardownInput,
 )
-from durable_rollouts.sdk import agent_step, merged_steps, steps
-from durable_rollouts.sdk.providers import LocalRuntime, Runtime
+from durable_rollouts.activities import legacy_steps as merged_steps
+from durable_rollouts.steps import agent as agent_step
+from durable_rollouts.steps import substrate as steps
+from durable_rollouts.runtimes import LocalRuntime, Runtime
+from durable_rollouts.sdk.agents import load_agent
+from durable_rollouts.sdk.run import Run
 
 env = Environment(name="steps", version="0.1.0")
 
@@ -140,8 +144,9 @@ async def test_unimportable_agent_is_a_config_error(tmp_path: Path) -> None:
         inp = AgentInput(endpoint=endpoint, session=session, task=task, prompt=prompt,
                          agent=AgentSpec(path="no_such_module_xyz:Agent"), rollout_id="r")
         with pytest.raises(ConfigError, match="no_such_module_xyz"):
-            await agent_step.run_agent(inp)
-        result = await agent_step.run_agent(inp.model_copy(update={"agent": AgentSpec(path="fixed", config={"answer": "ok"})}))
+            await agent_step.run_agent(inp, agent=load_agent(inp.agent), new_run=Run.for_step)
+        fixed = inp.model_copy(update={"agent": AgentSpec(path="fixed", config={"answer": "ok"})})
+        result = await agent_step.run_agent(fixed, agent=load_agent(fixed.agent), new_run=Run.for_step)
         assert result.content == "ok" and result.trace_ref is not None
     finally:
         await runtime.release(endpoint)

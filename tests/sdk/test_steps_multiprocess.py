@@ -13,8 +13,8 @@ from pathlib import Path
 
 from durable_rollouts.models import Endpoint, Grade
 from durable_rollouts.step_io import AgentResult
-from durable_rollouts.sdk.providers.subprocess import substrate_dir
-from durable_rollouts.sdk.tracestore import TraceStore
+from durable_rollouts.runtimes.subprocess import substrate_dir
+from durable_rollouts.steps.tracestore import TraceStore
 
 REPO = Path(__file__).resolve().parents[2]
 LETTERS = REPO / "examples" / "letters" / "env.py"
@@ -28,8 +28,8 @@ from durable_rollouts.step_io import (
     ProvisionInput,
     StartInput,
 )
-from durable_rollouts.sdk import steps
-from durable_rollouts.sdk.providers import SubprocessRuntime
+from durable_rollouts.steps import substrate as steps
+from durable_rollouts.runtimes import SubprocessRuntime
 
 out = Path(sys.argv[1])
 task = Task(env="letters", id="count_letter", args={"word": "banana", "letter": "a"}, source=sys.argv[2])
@@ -57,7 +57,10 @@ from durable_rollouts.models import (
     Task,
 )
 from durable_rollouts.step_io import AgentInput
-from durable_rollouts.sdk import agent_step, steps
+from durable_rollouts.sdk.agents import load_agent
+from durable_rollouts.sdk.run import Run
+from durable_rollouts.steps import agent as agent_step
+from durable_rollouts.steps import substrate as steps
 
 out = Path(sys.argv[1])
 beats = []
@@ -71,7 +74,8 @@ async def main():
         agent=AgentSpec(path="sleep", config={"seconds": 1.2, "answer": "3"}),
         rollout_id="mp-rollout", job_id="mp-job", group_id="mp-group",
     )
-    result = await agent_step.run_agent(inp, heartbeat=lambda: beats.append(1))
+    result = await agent_step.run_agent(inp, agent=load_agent(inp.agent), new_run=Run.for_step,
+                                        heartbeat=lambda: beats.append(1))
     (out / "agent.json").write_text(result.model_dump_json())
     (out / "beats.txt").write_text(str(len(beats)))
 
@@ -87,7 +91,7 @@ from durable_rollouts.step_io import (
     GradeInput,
     TeardownInput,
 )
-from durable_rollouts.sdk import steps
+from durable_rollouts.steps import substrate as steps
 
 out = Path(sys.argv[1])
 

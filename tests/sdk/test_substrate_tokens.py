@@ -1,4 +1,4 @@
-"""Substrate tokens are derived from the substrate key under a worker secret (sdk/tokens.py).
+"""Substrate tokens are derived from the substrate key under a worker secret (client/tokens.py).
 
 The secret is ``$ROLLOUTS_TOKEN_SECRET`` or a per-home ``token.secret`` file created once (mode
 0600, one secret even when several processes create it at once). Endpoints of built-in providers
@@ -21,8 +21,8 @@ from durable_rollouts.envserver import Environment, serving
 from durable_rollouts.errors import ConfigError, UnauthorizedError
 from durable_rollouts.models import Endpoint, ProviderSpec
 from durable_rollouts.step_io import ConnectInput
-from durable_rollouts.sdk import steps
-from durable_rollouts.sdk.tokens import (
+from durable_rollouts.steps import substrate as steps
+from durable_rollouts.client.tokens import (
     SECRET_ENV_VAR,
     derived_params,
     endpoint_token,

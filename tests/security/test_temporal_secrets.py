@@ -35,8 +35,8 @@ from durable_rollouts.envserver import serving
 from durable_rollouts.models import Task
 from durable_rollouts.sdk.openai_agent import OpenAIChatAgent
 from durable_rollouts.temporal.batches import run_taskset, shutdown_embedded
-from durable_rollouts.sdk.paths import rollouts_home
-from durable_rollouts.sdk.providers import Runtime
+from durable_rollouts.paths import rollouts_home
+from durable_rollouts.runtimes import Runtime
 from durable_rollouts.sdk.taskset import Taskset
 from durable_rollouts.temporal.connection import connect_client
 

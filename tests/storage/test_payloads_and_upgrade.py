@@ -13,7 +13,7 @@ from temporalio.worker import Worker
 
 from durable_rollouts.activities.taskset import ResultStore
 from durable_rollouts.models import RolloutResult, Task, Trace
-from durable_rollouts.sdk.tracestore import TraceStore
+from durable_rollouts.steps.tracestore import TraceStore
 from durable_rollouts.workflows.types import ResultsRef
 
 

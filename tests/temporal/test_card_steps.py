@@ -15,7 +15,7 @@ from temporal_helpers import ENV_FILE, read_lines
 
 from durable_rollouts.models import Task
 from durable_rollouts.sdk.agents import Agent, FixedAgent
-from durable_rollouts.sdk.providers import LocalRuntime, SubprocessRuntime
+from durable_rollouts.runtimes import LocalRuntime, SubprocessRuntime
 from durable_rollouts.sdk.run import Run
 from durable_rollouts.sdk.taskset import Taskset
 from durable_rollouts.temporal.batches import run_taskset

@@ -26,8 +26,8 @@ from temporalio.worker import Worker
 from durable_rollouts import worker as worker_module
 from durable_rollouts.models import Task
 from durable_rollouts.sdk.agents import SleepAgent
-from durable_rollouts.sdk.board import BOARD
-from durable_rollouts.sdk.providers import LocalRuntime
+from durable_rollouts.temporal.board import BOARD
+from durable_rollouts.runtimes import LocalRuntime
 from durable_rollouts.sdk.taskset import Taskset
 from durable_rollouts.temporal import batches
 from durable_rollouts.temporal.batches import start_job

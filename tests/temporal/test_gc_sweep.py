@@ -26,15 +26,15 @@ from durable_rollouts import gc
 from durable_rollouts.gc import orphans as gc_orphans
 from durable_rollouts.temporal.batches import start_job
 from durable_rollouts.processes import pid_alive
-from durable_rollouts.sdk.providers import SubprocessRuntime
-from durable_rollouts.sdk.providers.subprocess import substrate_dir
+from durable_rollouts.runtimes import SubprocessRuntime
+from durable_rollouts.runtimes.subprocess import substrate_dir
 from durable_rollouts.sdk.taskset import Taskset
 
 RUNTIME = SubprocessRuntime(ENV_FILE)
 PLACE_AND_EXIT = """
 import asyncio, os, sys
 from durable_rollouts.models import Task
-from durable_rollouts.sdk.providers import SubprocessRuntime
+from durable_rollouts.runtimes import SubprocessRuntime
 task = Task(env="counting", id="echo", source=sys.argv[1])
 endpoint = asyncio.run(SubprocessRuntime(sys.argv[1]).acquire(task, sys.argv[2]))
 print(endpoint.handle["pid"], flush=True)

@@ -17,7 +17,7 @@ from durable_rollouts.sdk.agents import FixedAgent, SleepAgent
 from durable_rollouts.sdk.job import Job
 from durable_rollouts.sdk.lifetime import running
 from durable_rollouts.temporal.batches import run_taskset, start_job
-from durable_rollouts.sdk.providers import LocalRuntime
+from durable_rollouts.runtimes import LocalRuntime
 from durable_rollouts.sdk.taskset import Taskset
 
 

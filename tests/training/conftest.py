@@ -18,7 +18,7 @@ async def tool_job(client, task_queue):  # noqa: F811  (client is the shared fix
     from training_agents import ToolTraceAgent
 
     from durable_rollouts.models import Task
-    from durable_rollouts.sdk.providers import LocalRuntime
+    from durable_rollouts.runtimes import LocalRuntime
     from durable_rollouts.sdk.taskset import Taskset
 
     task = Task(env="counting", id="echo", args={"expected": "a"}, source=ENV_FILE)

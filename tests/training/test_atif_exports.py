@@ -18,7 +18,7 @@ from training_agents import TOOLS
 
 from durable_rollouts.errors import ConfigError
 from durable_rollouts.sdk.openai_agent import OpenAIChatAgent
-from durable_rollouts.sdk.providers import LocalRuntime
+from durable_rollouts.runtimes import LocalRuntime
 from durable_rollouts.sdk.taskset import Taskset
 
 CALC = Path(__file__).resolve().parents[2] / "examples" / "mcp_calc"

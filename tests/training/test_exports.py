@@ -17,7 +17,7 @@ from training_agents import TOOLS, PolicyAgent
 
 from durable_rollouts.errors import ConfigError
 from durable_rollouts.models import Task
-from durable_rollouts.sdk.providers import LocalRuntime
+from durable_rollouts.runtimes import LocalRuntime
 from durable_rollouts.sdk.taskset import Taskset
 
 

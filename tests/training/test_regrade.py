@@ -16,8 +16,8 @@ from training_agents import PolicyAgent
 
 from durable_rollouts.errors import ConfigError
 from durable_rollouts.models import Task
-from durable_rollouts.sdk.providers import LocalRuntime
-from durable_rollouts.sdk.providers.docker import DockerRuntime
+from durable_rollouts.runtimes import LocalRuntime
+from durable_rollouts.runtimes.docker import DockerRuntime
 from durable_rollouts.sdk.taskset import Taskset
 
 GRADER = str(Path(__file__).resolve().parent / "regrade_env.py")

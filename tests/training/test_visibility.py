@@ -15,7 +15,7 @@ from temporal_helpers import ENV_FILE
 from training_agents import PolicyAgent
 
 from durable_rollouts.models import Task
-from durable_rollouts.sdk.providers import LocalRuntime
+from durable_rollouts.runtimes import LocalRuntime
 from durable_rollouts.sdk.taskset import Taskset
 from durable_rollouts.temporal.connection import temporal_cli
 from durable_rollouts.workflows import SEARCH_ATTRIBUTES, child_id

@@ -28,10 +28,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
-from ...errors import ConfigError, ProviderError, ReadyTimeoutError, UnauthorizedError
-from ...models import Endpoint, ProviderSpec, RuntimeConfig, Task
+from ..errors import ConfigError, ProviderError, ReadyTimeoutError, UnauthorizedError
+from ..models import Endpoint, ProviderSpec, RuntimeConfig, Task
 from ..paths import safe_name
-from ..tokens import TOKEN_FROM, endpoint_token, token_rejected
+from ..client.tokens import TOKEN_FROM, endpoint_token, token_rejected
 
 __all__ = ["DurableProvider", "Locality", "Runtime", "Substrate", "as_config", "config_options",
            "container_name", "log_tail", "merge_config"]
@@ -259,7 +259,7 @@ async def probe_ready(
     after ``timeout`` (omitted: the connect error as is).
     The probe's session is closed with ``bye``: the rollout opens its own.
     """
-    from ..client import connect
+    from ..client.envclient import connect
 
     probe = asyncio.ensure_future(connect(url, ready_timeout=timeout, token=token, keepalive_s=None))
     try:

@@ -17,7 +17,7 @@ import contextlib
 from collections.abc import AsyncIterator
 
 from ..models import Endpoint
-from .client import EnvClient
+from .envclient import EnvClient
 
 __all__ = ["KEEP_S", "keep_or_close", "keeps", "lent", "take"]
 

@@ -4,8 +4,9 @@
 open channel (the direct executor calls it too). Agent failures and timeouts do not raise: they
 are recorded in the trace and the result, so the rollout is still graded. Infrastructure
 failures (substrate gone, a retryable model API error on the durable path, a checkpoint that
-could not be made durable) do raise. Imports models, the channel helpers, agents, the trace
-store and ``Run``; never Temporal (the durable checkpointer is injected by the activity).
+could not be made durable) do raise. Imports models, the channel helpers and the trace store;
+the agent and its ``Run`` builder come from the caller (the sdk sits above the steps), and so
+does the durable checkpointer (the activity's); never Temporal.
 """
 
 from __future__ import annotations
@@ -18,39 +19,41 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 from ..models import Step, TaskCall, Trace, TraceRef
 from ..step_io import AgentInput, AgentResult, Checkpoint
-from . import channel, kept
-from .agent_call import call_agent
-from .agents import Agent, load_agent
-from .client import EnvClient
-from .run import Run
+from ..client import channel, kept
+from .agent_call import AgentLike, RunLike, call_agent
+from ..client.envclient import EnvClient
 from .tracestore import TraceStore
 
-__all__ = ["Checkpointer", "agent_channel", "astore_result", "execute_agent", "run_agent"]
+__all__ = ["Checkpointer", "RunFactory", "agent_channel", "astore_result", "execute_agent", "run_agent"]
 
 log = logging.getLogger(__name__)
 
 HEARTBEAT_EVERY_S = 1.0
 
 Checkpointer = Callable[[Checkpoint], Awaitable[None]]
+# Builds the ``Run`` an agent receives (``sdk.run.Run.for_step``): the caller hands it in, so the
+# steps never import the sdk that sits above them.
+RunFactory = Callable[[AgentInput, EnvClient, Trace, "Checkpointer | None"], RunLike]
 
 
-async def run_agent(inp: AgentInput, *, heartbeat: Callable[[], None] | None = None,
+async def run_agent(inp: AgentInput, *, agent: AgentLike, new_run: RunFactory,
+                    heartbeat: Callable[[], None] | None = None,
                     trace_store: TraceStore | None = None,
                     checkpointer: Checkpointer | None = None,
-                    last_attempt: bool = False, agent: Agent | None = None,
+                    last_attempt: bool = False,
                     client: EnvClient | None = None,
                     after: Callable[[AgentResult, EnvClient], Awaitable[AgentResult]] | None = None,
                     ) -> AgentResult:
-    """Rebuild the agent, let it work on the session (from ``inp.checkpoint``), store its trace.
+    """Let ``agent`` work on the session (from ``inp.checkpoint``), store its trace.
 
     On the ``last_attempt`` a model API error is retried in-process, then recorded (trace kept).
-    ``agent``: ``inp.agent`` already built (else it is built here). ``client``: the session's open
+    ``agent``: ``inp.agent`` built by the caller; ``new_run`` builds its ``Run``. ``client``: the session's open
     connection, which this closes; None resumes the session on a new one. ``after``: more work on
     the same channel once the trace is stored (older releases' agent steps graded there).
     """
-    agent = agent or load_agent(inp.agent)
     async with agent_channel(inp, client) as open_channel:
-        trace = await execute_agent(agent, inp, heartbeat=heartbeat, checkpointer=checkpointer,
+        trace = await execute_agent(agent, inp, new_run=new_run, heartbeat=heartbeat,
+                                    checkpointer=checkpointer,
                                     last_attempt=last_attempt, client=open_channel)
         result = await astore_result(trace, trace_store)
         if after is not None:
@@ -83,17 +86,7 @@ async def agent_channel(inp: AgentInput, client: EnvClient | None = None) -> Asy
         yield client
 
 
-def _run_for(agent_input: AgentInput, client: EnvClient, trace: Trace,
-             checkpointer: Checkpointer | None) -> Run:
-    inp = agent_input
-    return Run(task=inp.task, prompt=inp.prompt, bindings=list(client.bindings), client=client,
-               trace=trace, job_id=inp.job_id, group_id=inp.group_id, rollout_id=inp.rollout_id,
-               group_index=inp.group_index, row_index=inp.row_index, attempt=inp.retry + 1,
-               policy_version=inp.policy_version, policy_endpoint=inp.policy_endpoint,
-               _checkpointer=checkpointer)
-
-
-async def execute_agent(agent: Agent, inp: AgentInput, *,
+async def execute_agent(agent: AgentLike, inp: AgentInput, *, new_run: RunFactory,
                         heartbeat: Callable[[], None] | None = None,
                         checkpointer: Checkpointer | None = None,
                         last_attempt: bool = False, client: EnvClient) -> Trace:
@@ -104,7 +97,7 @@ async def execute_agent(agent: Agent, inp: AgentInput, *,
     ``client``: the open ``agent_channel`` to run on (left open for the grade).
     """
     trace = Trace(trace_id=inp.rollout_id)
-    run = _run_for(inp, client, trace, checkpointer)
+    run = new_run(inp, client, trace, checkpointer)
     if inp.checkpoint is not None:
         run.restore(inp.checkpoint)
         trace.extra["resumed_at_step"] = len(trace.steps)

@@ -17,10 +17,10 @@ import logging
 from ..errors import StepFailed
 from ..models import Grade, Task
 from ..step_io import AgentInput, AgentResult, GradeInput, Opened
-from . import channel
-from .client import EnvClient
-from .providers import DurableProvider, provider_from_spec
-from .steps import release, teardown_with
+from ..client import channel
+from ..client.envclient import EnvClient
+from ..runtimes import DurableProvider, provider_from_spec
+from ..steps.substrate import release, teardown_with
 
 __all__ = ["close_after_agent", "close_rollout", "open_channel", "open_rollout"]
 

@@ -4,26 +4,45 @@
 exception is its own failure: recorded in the trace, and the rollout is still graded. A retryable
 ``ModelAPIError`` is infrastructure: on the durable path it ends the step (Temporal retries it
 after ``Retry-After`` and the retry resumes from the last checkpoint); in-process (the direct
-executor) it is retried here the same way. Imports errors, models and ``Run`` only.
+executor) it is retried here the same way. Imports errors and models only; the agent and its run are duck-typed (``AgentLike``, ``RunLike``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
+from typing import Any, Protocol
 
 from ..backoff import delays
 from ..errors import CheckpointError, ModelAPIError
 from ..models import Step, Trace
-from .agents import Agent
-from .run import Run
 
-__all__ = ["call_agent", "record_failure"]
+__all__ = ["AgentLike", "RunLike", "call_agent", "record_failure"]
+
+
+class RunLike(Protocol):
+    """What the agent step needs of a ``Run`` (``sdk.run.Run``)."""
+
+    trace: Trace
+    client: Any
+    restored_state: Any
+
+    def restore(self, checkpoint: Any) -> None: ...
+    def _rewind(self, steps: int) -> None: ...
+    async def close_capabilities(self) -> None: ...
+
+
+class AgentLike(Protocol):
+    """What the agent step needs of an agent (``sdk.agents.Agent``): a timeout and a call."""
+
+    timeout_s: float | None
+
+    async def __call__(self, run: Any) -> None: ...
 
 _LOCAL_MODEL_RETRIES = 3  # without a durable checkpointer (direct executor): retries in-process
 
 
-async def call_agent(agent: Agent, run: Run, *, durable: bool) -> None:
+async def call_agent(agent: AgentLike, run: RunLike, *, durable: bool) -> None:
     """``agent(run)``; its own failures are recorded in the trace (still graded).
 
     A retryable ``ModelAPIError`` ends the step on the durable path (the step is retried and

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
 
-from .paths import atomic_write, rollouts_home
+from ..paths import atomic_write, rollouts_home
 
 __all__ = ["BlobStore", "LocalBlobs", "default_blobs", "register_blobs"]
 

@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
-from ...errors import ConfigError, EnvError, ProviderError
-from ...models import Endpoint, ProviderSpec, Task
+from ..errors import ConfigError, EnvError, ProviderError
+from ..models import Endpoint, ProviderSpec, Task
 from .base import DurableProvider, Locality
 
 __all__ = ["LocalRuntime"]
@@ -68,8 +68,8 @@ class LocalRuntime(DurableProvider):
 
     def __init__(self, source: Any = None, *, env_name: str | None = None,
                  ready_timeout: float = 60.0) -> None:
-        from ...envserver import Environment  # lazy: serving needs it, importing this does not
-        from ...hud_detect import is_hud_environment
+        from ..envserver import Environment  # lazy: serving needs it, importing this does not
+        from ..hud_detect import is_hud_environment
 
         self.env_name = env_name
         self.ready_timeout = ready_timeout
@@ -186,8 +186,8 @@ class LocalRuntime(DurableProvider):
         return (limits.startup_timeout_s if limits and limits.startup_timeout_s else self.ready_timeout)
 
     async def _environment_for(self, task: Task) -> Any:
-        from ...envserver import Environment, load_environment
-        from ...hud_detect import is_hud_environment
+        from ..envserver import Environment, load_environment
+        from ..hud_detect import is_hud_environment
 
         if self.factory is not None:
             env = self.factory(task)
@@ -242,7 +242,7 @@ def _lock_for(env_id: int) -> asyncio.Lock:
 
 async def _start(env: Any, timeout: float) -> _Served:
     """Serve ``env`` from a background task until its stop event is set."""
-    from ...envserver import serving
+    from ..envserver import serving
 
     loop = asyncio.get_running_loop()
     ready: asyncio.Future[str] = loop.create_future()

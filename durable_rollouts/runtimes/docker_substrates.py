@@ -9,8 +9,8 @@ from __future__ import annotations
 import logging
 import socket
 
-from ...processes import pid_alive
-from ..labels import LABEL_HOST, LABEL_KEY, LABEL_OWNER
+from ..processes import pid_alive
+from .labels import LABEL_HOST, LABEL_KEY, LABEL_OWNER
 from .base import Substrate
 
 __all__ = ["force_remove", "labelled_containers"]

@@ -18,10 +18,10 @@ from typing import Any
 from ..errors import ConfigError, ProtocolError
 from ..models import Grade, Task
 from ..step_io import VerifyInput
-from .client import EnvClient
-from .paths import atomic_write
-from .providers import DurableProvider, provider_from_spec
-from .channel import (
+from ..client.envclient import EnvClient
+from ..paths import atomic_write
+from ..runtimes import DurableProvider, provider_from_spec
+from ..client.channel import (
     REFUSED_LIMIT,
     RESUME_TIMEOUT_S,
     fresh,
@@ -30,7 +30,7 @@ from .channel import (
     start_task,
     to_grade,
 )
-from .steps import verdict_path
+from .substrate import verdict_path
 
 __all__ = ["verify"]
 

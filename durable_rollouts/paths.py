@@ -12,7 +12,7 @@ import re
 import tempfile
 from pathlib import Path
 
-from ..settings import settings
+from .settings import settings
 
 __all__ = ["atomic_write", "rollouts_home", "safe_name"]
 

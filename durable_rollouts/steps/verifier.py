@@ -16,8 +16,8 @@ import contextlib
 from ..errors import ConfigError, ProtocolError
 from ..models import Grade, Task
 from ..step_io import VerifierSession, VerifyInput
-from .providers import DurableProvider, provider_from_spec
-from .channel import (
+from ..runtimes import DurableProvider, provider_from_spec
+from ..client.channel import (
     REFUSED_LIMIT,
     RESUME_TIMEOUT_S,
     end_session,
@@ -29,7 +29,7 @@ from .channel import (
     start_task,
     to_grade,
 )
-from .steps import teardown_with
+from .substrate import teardown_with
 
 __all__ = ["close_verifier", "grade_verifier", "open_verifier", "shares_actor_server"]
 

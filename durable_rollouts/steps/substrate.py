@@ -26,9 +26,9 @@ from ..step_io import (
     Started,
     TeardownInput,
 )
-from . import channel, kept
-from .paths import rollouts_home, safe_name
-from .providers import DurableProvider, provider_from_spec
+from ..client import channel, kept
+from ..paths import rollouts_home, safe_name
+from ..runtimes import DurableProvider, provider_from_spec
 
 __all__ = [
     "actor_result",

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from ..processes import pid_alive
-from .paths import atomic_write
+from ..paths import atomic_write
 
 __all__ = [
     "is_env_server",

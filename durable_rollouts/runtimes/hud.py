@@ -26,8 +26,8 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 from urllib.parse import urlsplit, urlunsplit
 
-from ...errors import ConfigError, ProviderError
-from ...models import Endpoint, ProviderSpec, Task
+from ..errors import ConfigError, ProviderError
+from ..models import Endpoint, ProviderSpec, Task
 from .base import DurableProvider, Locality, probe_ready
 
 __all__ = ["HUDRuntime"]

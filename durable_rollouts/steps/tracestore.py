@@ -17,7 +17,7 @@ from urllib.parse import unquote, urlparse
 
 from ..models import Trace, TraceRef
 from .blobs import default_blobs
-from .paths import rollouts_home
+from ..paths import rollouts_home
 
 __all__ = ["TraceStore"]
 

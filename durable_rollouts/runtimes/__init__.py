@@ -12,8 +12,8 @@ import importlib
 from collections.abc import Callable
 from typing import Any
 
-from ...errors import ConfigError
-from ...models import ProviderSpec
+from ..errors import ConfigError
+from ..models import ProviderSpec
 from .base import DurableProvider, Locality, Runtime
 from .local import LocalRuntime
 from .subprocess import SubprocessRuntime

@@ -241,7 +241,7 @@ class EnvClient:
 
         ``ssh/*``: an ``asyncssh.SSHClientConnection``; ``mcp/*``: a connected ``fastmcp.Client``;
         anything else: an ``(asyncio.StreamReader, asyncio.StreamWriter)`` pair (see
-        :mod:`durable_rollouts.sdk.capabilities`). Opened once per client and binding, then
+        :mod:`durable_rollouts.client.capabilities`). Opened once per client and binding, then
         cached; :meth:`close_capabilities` (or :meth:`close`) closes them.
 
         Raises:

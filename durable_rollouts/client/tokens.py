@@ -22,7 +22,7 @@ from typing import Any
 from ..errors import ConfigError, UnauthorizedError
 from ..models import Endpoint
 from ..settings import settings, var
-from .paths import rollouts_home
+from ..paths import rollouts_home
 
 __all__ = [
     "SECRET_ENV_VAR",

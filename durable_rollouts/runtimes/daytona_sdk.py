@@ -17,10 +17,10 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from typing import Any
 
-from ...errors import ConfigError, ProviderError
-from ...models import Resources
-from ..labels import LABEL_HOST, LABEL_OWNER
-from ..procs import pid_alive
+from ..errors import ConfigError, ProviderError
+from ..models import Resources
+from .labels import LABEL_HOST, LABEL_OWNER
+from .procs import pid_alive
 from .base import Substrate
 
 __all__ = [

@@ -32,12 +32,12 @@ from contextlib import suppress
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from ...settings import settings
-from ...errors import ConfigError, ProviderError, ReadyTimeoutError
-from ...models import Endpoint, ProviderSpec, RuntimeConfig, Task
-from ...protocol import SERVE_PORT_ANNOUNCEMENT
-from ..labels import owner_labels
-from ..tokens import derived_params, substrate_token
+from ..settings import settings
+from ..errors import ConfigError, ProviderError, ReadyTimeoutError
+from ..models import Endpoint, ProviderSpec, RuntimeConfig, Task
+from ..protocol import SERVE_PORT_ANNOUNCEMENT
+from .labels import owner_labels
+from ..client.tokens import derived_params, substrate_token
 from .base import (
     CONTAINER_FIELDS,
     DurableProvider,

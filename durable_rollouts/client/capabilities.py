@@ -1,7 +1,7 @@
 """Client-side openers for an environment's capabilities (ssh workspace, mcp tools, raw tcp).
 
 ``await open_capability(client, name)`` looks the binding up on a connected
-:class:`~durable_rollouts.sdk.client.EnvClient` (whose url already points at a loopback forwarder
+:class:`~durable_rollouts.client.envclient.EnvClient` (whose url already points at a loopback forwarder
 that tunnels through ``tunnel.open``) and returns a ready client:
 
 - ``ssh/*``: an ``asyncssh.SSHClientConnection`` authenticated with the binding's client key

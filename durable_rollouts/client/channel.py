@@ -35,8 +35,8 @@ from ..errors import (
 from ..models import Endpoint, Grade, ServerKind, Session, Task
 from ..protocol import ErrorCode
 from . import kept
-from .client import EnvClient
-from .client import connect as _open
+from .envclient import EnvClient
+from .envclient import connect as _open
 from .tokens import endpoint_token, token_rejected, uses_derived_token
 
 __all__ = [
