@@ -1,9 +1,8 @@
 """The rollout steps, as plain async functions with one pydantic input each.
 
 ``provision -> connect -> start -> agent -> grade -> [verify] -> teardown``: the ``Rollout``
-workflow runs each as its own activity; the agent step lives in ``agent_step``, the verifier's
-in ``verifier``, and the merged helpers the direct executor (and older releases' histories) use
-in ``merged_steps``. Every step after ``connect`` resumes the session by id (``channel``), so
+workflow runs each as its own activity and ``run_direct`` calls them in plain asyncio (both walk
+``steps.plan``); the agent step lives in ``steps.agent``, the verifier's in ``steps.verifier``. Every step after ``connect`` resumes the session by id (``channel``), so
 each may run in a fresh process. Errors are classified at the edge (``channel``): ConfigError
 for user mistakes, SubstrateGoneError for a gone substrate, anything else is retryable
 infrastructure. Imports models, errors, the channel helpers and providers; never Temporal.
@@ -43,9 +42,10 @@ __all__ = [
 ]
 
 
-async def provision(inp: ProvisionInput) -> Endpoint:
-    """Place the task's environment with the provider; idempotent per ``inp.key``."""
-    return await provider_from_spec(inp.provider).acquire(inp.task, inp.key)
+async def provision(inp: ProvisionInput, *, provider: DurableProvider | None = None) -> Endpoint:
+    """Place the task's environment with the provider (``provider``, else rebuilt from
+    ``inp.provider``); idempotent per ``inp.key``."""
+    return await (provider or provider_from_spec(inp.provider)).acquire(inp.task, inp.key)
 
 
 async def connect(inp: ConnectInput) -> Session:

@@ -1,18 +1,14 @@
-"""The Rollout's plan: which steps run, in which order, with which options — one table.
+"""The Rollout's plan on Temporal: ``steps.plan`` mapped onto activity options.
 
-Every Rollout runs the card's steps, ``provision -> connect -> start -> agent -> grade ->
-[verify] -> teardown``, each a separately named activity in its history. :func:`build_plan`
-reads its table once per run, from the task (a verifier adds its three steps) and the runtime
-(a fast local substrate may provision and tear down as local activities); the workflow walks
-the result.
-
-"Local" steps run as local activities (a marker event with the activity type in history) when
-the substrate is reachable from the workflow's own worker, that is when the substrate's queue
-(``Endpoint.task_queue``) is the workflow's queue; otherwise every step after provision runs
-as a regular activity on the substrate's queue (the provisioning worker's host or process
-queue), with a schedule-to-start timeout: a queue nobody polls any more means that worker, and
-the substrate with it, is gone. Deterministic and pure: imports temporalio's common types and
-the workflow input only.
+The step list, its order, limits and attempts are plain data in ``steps.plan`` (``run_direct``
+walks the same plan); here each step gets its activity name, ``timedelta`` limits and a
+``RetryPolicy`` with the same backoff. "Local" steps run as local activities (a marker event with
+the activity type in history) when the substrate is reachable from the workflow's own worker,
+that is when the substrate's queue (``Endpoint.task_queue``) is the workflow's queue; otherwise
+every step after provision runs as a regular activity on the substrate's queue (the provisioning
+worker's host or process queue), with a schedule-to-start timeout: a queue nobody polls any more
+means that worker, and the substrate with it, is gone. Deterministic and pure: imports
+temporalio's common types, the plan data and the workflow input only.
 """
 
 from __future__ import annotations
@@ -22,6 +18,7 @@ from datetime import timedelta
 
 from temporalio.common import RetryPolicy
 
+from durable_rollouts.steps import plan as card
 from durable_rollouts.workflows.types import (
     ACT_AGENT,
     ACT_CONNECT,
@@ -36,26 +33,30 @@ from durable_rollouts.workflows.types import (
     RolloutInput,
 )
 
-__all__ = ["RolloutPlan", "StepOptions", "build_plan", "retry_policy"]
+__all__ = ["ACTIVITIES", "RolloutPlan", "StepOptions", "build_plan", "retry_policy"]
 
-AGENT_TIMEOUT_SLACK = timedelta(minutes=1)  # over the rollout timeout: the workflow's timer fires first
-AGENT_NO_TIMEOUT = timedelta(hours=24)
+ACTIVITIES = {  # the card's step -> its activity type in history
+    "provision": ACT_PROVISION, "connect": ACT_CONNECT, "start": ACT_START, "agent": ACT_AGENT,
+    "grade": ACT_GRADE, "verify_open": ACT_VERIFY_OPEN, "verify": ACT_VERIFY,
+    "verify_close": ACT_VERIFY_CLOSE, "teardown": ACT_TEARDOWN,
+}
 
 
-def retry_policy(attempts: int, max_interval_s: float = 30.0) -> RetryPolicy:
-    """A step's retry policy: 1 s, doubling, at most ``max_interval_s`` apart, ``attempts`` tries."""
-    return RetryPolicy(initial_interval=timedelta(seconds=1), backoff_coefficient=2.0,
+def retry_policy(attempts: int, max_interval_s: float = card.RETRY_MAX_S) -> RetryPolicy:
+    """A step's retry policy: the plan's backoff (1 s, doubling, at most 30 s), ``attempts`` tries."""
+    return RetryPolicy(initial_interval=timedelta(seconds=card.RETRY_FIRST_S),
+                       backoff_coefficient=card.RETRY_BACKOFF,
                        maximum_interval=timedelta(seconds=max_interval_s),
                        maximum_attempts=attempts, non_retryable_error_types=NON_RETRYABLE)
 
 
 @dataclass(frozen=True)
 class StepOptions:
-    """How one step runs: its activity, timeouts, retries and whether it may run locally."""
+    """How one step runs as an activity: its type, timeouts, retries and locality."""
 
-    step: str  # the card's name: provision, connect, start, agent, grade, verify..., teardown
+    step: str
     activity: str
-    phase: str  # what the ``phase`` query and ``error_phase`` call it
+    phase: str
     start_to_close: timedelta
     attempts: int
     heartbeat: timedelta | None = None
@@ -65,50 +66,27 @@ class StepOptions:
     def retry(self) -> RetryPolicy:
         return retry_policy(self.attempts)
 
+    @classmethod
+    def of(cls, step: card.Step) -> StepOptions:
+        return cls(step.step, ACTIVITIES[step.step], step.phase, timedelta(seconds=step.start_to_close_s),
+                   step.attempts, None if step.heartbeat_s is None else timedelta(seconds=step.heartbeat_s),
+                   step.local)
+
 
 @dataclass(frozen=True)
-class RolloutPlan:
-    """The steps of one Rollout, in order, and the options they share."""
+class RolloutPlan(card.Walk[StepOptions]):
+    """The plan's steps as activity options, and the substrate queue's schedule-to-start limit."""
 
-    steps: tuple[StepOptions, ...]  # walked in order: provision .. grade, then verify if any
-    teardown: StepOptions  # runs last on every path, also after a failure or cancellation
-    queue_timeout: timedelta  # schedule-to-start on the substrate's queue
-    verifier: tuple[StepOptions, ...] = ()  # verify_open and verify_close, around verify
-
-    def __getitem__(self, step: str) -> StepOptions:
-        for options in (*self.steps, *self.verifier, self.teardown):
-            if options.step == step:
-                return options
-        raise KeyError(step)
-
-    @property
-    def names(self) -> list[str]:
-        """The steps' names in the order a successful run records them."""
-        walked = [s.step for s in self.steps]
-        if self.verifier:
-            walked[-1:] = ["verify_open", "verify", "verify_close"]
-        return [*walked, self.teardown.step]
+    steps: tuple[StepOptions, ...]
+    teardown: StepOptions
+    queue_timeout: timedelta
+    verifier: tuple[StepOptions, ...] = ()
 
 
 def build_plan(inp: RolloutInput) -> RolloutPlan:
-    """The plan of ``inp``'s rollout: the card's steps, a verifier's if its task has one."""
-    fast = inp.local_steps
-    agent_limit = (timedelta(seconds=inp.rollout_timeout_s) + AGENT_TIMEOUT_SLACK
-                   if inp.rollout_timeout_s else AGENT_NO_TIMEOUT)
-    minutes, seconds = (lambda n: timedelta(minutes=n)), (lambda n: timedelta(seconds=n))
-    steps = [  # step, activity, phase, start-to-close, attempts, heartbeat, local when reachable
-        StepOptions("provision", ACT_PROVISION, "provisioning", minutes(10), 5, seconds(10), fast),
-        StepOptions("connect", ACT_CONNECT, "connecting", minutes(2), 3, None, True),
-        StepOptions("start", ACT_START, "starting task", minutes(2), 5, None, True),
-        StepOptions("agent", ACT_AGENT, "agent loop", agent_limit, 5, seconds(5), False),
-        StepOptions("grade", ACT_GRADE, "grading", minutes(30), 5, seconds(10), True),
-    ]
-    verifier: tuple[StepOptions, ...] = ()
-    if inp.task.verifier is not None:
-        steps.append(StepOptions("verify", ACT_VERIFY, "verifying", minutes(30), 5, seconds(10)))
-        verifier = (
-            StepOptions("verify_open", ACT_VERIFY_OPEN, "verifying", minutes(10), 5, seconds(10)),
-            StepOptions("verify_close", ACT_VERIFY_CLOSE, "verifying", minutes(2), 10),
-        )
-    teardown = StepOptions("teardown", ACT_TEARDOWN, "teardown", minutes(2), 10, None, fast)
-    return RolloutPlan(tuple(steps), teardown, timedelta(seconds=inp.queue_timeout_s), verifier)
+    """The plan of ``inp``'s rollout (``steps.plan.build_plan``) as activity options."""
+    plan = card.build_plan(verifier=inp.task.verifier is not None,
+                           rollout_timeout_s=inp.rollout_timeout_s, local_steps=inp.local_steps)
+    return RolloutPlan(tuple(StepOptions.of(s) for s in plan.steps), StepOptions.of(plan.teardown),
+                       timedelta(seconds=inp.queue_timeout_s),
+                       tuple(StepOptions.of(s) for s in plan.verifier))
