@@ -25,6 +25,7 @@ __all__ = [
     "Limits",
     "ProviderSpec",
     "Resources",
+    "ResultsRef",
     "RetryAttempt",
     "RolloutResult",
     "RolloutStatus",
@@ -372,6 +373,13 @@ class RetryAttempt(_Model):
     reward: float | None = None
     error: str | None = None
     error_phase: str | None = None
+
+
+class ResultsRef(StrictModel):
+    """A claim check for a chunk of RolloutResults flushed out of workflow state."""
+
+    uri: str
+    count: int
 
 
 class RolloutResult(_Model):

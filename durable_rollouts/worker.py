@@ -47,7 +47,7 @@ from durable_rollouts.activities.owner import OwnerInterceptor
 from durable_rollouts.errors import ConfigError
 from durable_rollouts.release import worker_identity
 from durable_rollouts.temporal.board import BOARD
-from durable_rollouts.steps.tracestore import TraceStore
+from durable_rollouts.stores.tracestore import TraceStore
 from durable_rollouts.settings import WORKER_READY, Settings, settings, var
 from durable_rollouts.temporal.eviction import evict_cached
 from durable_rollouts.temporal.storage import storage_url

@@ -77,19 +77,20 @@ def test_only_the_temporal_layers_import_temporalio() -> None:
 
 def test_sdk_never_imports_temporal_or_its_layers() -> None:
     """sdk/ imports no temporalio, workflows, activities, temporal or worker (not even lazily)."""
-    banned = ("temporalio", f"{PKG}.workflows", f"{PKG}.activities", f"{PKG}.temporal",
-              f"{PKG}.worker", f"{PKG}.cli", f"{PKG}.gc")
+    banned = {"workflows", "activities", "temporal", "worker", "cli", "gc"}
     offenders = sorted(
         f"{name} -> {dep}" for name, deps in GRAPH.items()
         if name.startswith(f"{PKG}.sdk")
-        for dep in deps if dep.split(".")[0] == "temporalio" or dep.startswith(banned)
+        for dep in deps if dep.split(".")[0] == "temporalio"
+        or (dep.startswith(f"{PKG}.") and _layer(dep) in banned)
     )
     assert not offenders, "\n".join(offenders)
 
 
 def test_workflows_import_only_models_and_their_own_package() -> None:
-    """Workflows stay deterministic: besides temporalio and stdlib, only models and workflows/."""
-    allowed = (f"{PKG}.models", f"{PKG}.step_io", f"{PKG}.workflows")
+    """Workflows stay deterministic: besides temporalio and stdlib, only models, the plan
+    (``steps.plan``, plain data) and workflows/."""
+    allowed = (f"{PKG}.models", f"{PKG}.step_io", f"{PKG}.workflows", f"{PKG}.steps.plan")
     offenders = sorted(
         f"{name} -> {dep}" for name, deps in GRAPH.items() if _layer(name) == "workflows"
         for dep in deps if dep.startswith(PKG) and not dep.startswith(allowed)
@@ -128,3 +129,99 @@ def test_there_is_no_import_cycle_between_modules() -> None:
 def test_the_graph_sees_function_level_imports() -> None:
     """The parser is not blind: a known function-level import shows up as an edge."""
     assert f"{PKG}.envserver.entry" in GRAPH[f"{PKG}.cli.task"]
+
+
+# -- the layer order (DESIGN.md "Package layout"), bottom up ---------------------------------
+
+LAYERS: tuple[frozenset[str], ...] = tuple(frozenset(layer) for layer in (
+    # pure and shared by every layer
+    {"models", "protocol", "errors", "step_io", "settings", "paths", "locks", "backoff",
+     "processes", "streams", "release", "hud_detect", "graders"},
+    {"envserver", "client", "stores"},  # the env side, the control-channel client, claim checks
+    {"runtimes"},  # where an env runs
+    {"steps"},  # the card's steps and the plan
+    {"sdk"},  # what users import
+    {"workflows", "activities"},  # Temporal's workflows and the activities over steps/
+    {"temporal"},  # the client side of Temporal: connection, storage, the job reader, batches
+    {"gc"},  # the orphan sweep, generic over runtimes
+    {"worker"},  # builds and runs the worker
+    {"cli"},  # the command line
+    # the public surface: the package root and the seeds' module paths re-export every layer
+    {"", "environment", "capabilities", "eval", "agents"},
+))
+
+# Lazy entry points: function-level imports that climb on purpose, each named with its reason.
+# Nothing at module level may climb.
+LAZY_CLIMBS: dict[tuple[str, str], str] = {
+    ("temporal.batches", "worker"): "Taskset.run starts its in-process worker on use",
+    ("temporal.plugin", "worker"): "the plugin hands a user's own Worker our workflows and activities",
+}
+
+
+def _rank(name: str) -> int:
+    layer = _layer(name)
+    for rank, members in enumerate(LAYERS):
+        if layer in members:
+            return rank
+    raise AssertionError(f"{name}: its room {layer!r} is in no layer of LAYERS")
+
+
+def _module_level_imports(path: Path) -> set[int]:
+    """Line numbers of the import statements outside functions and TYPE_CHECKING blocks."""
+    lines: set[int] = set()
+
+    def walk(node: ast.AST) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+                continue
+            if isinstance(child, ast.If) and "TYPE_CHECKING" in ast.unparse(child.test):
+                continue
+            if isinstance(child, (ast.Import, ast.ImportFrom)):
+                lines.add(child.lineno)
+            walk(child)
+
+    walk(ast.parse(path.read_text(), str(path)))
+    return lines
+
+
+def climbs(graph: dict[str, set[str]] = GRAPH) -> list[str]:
+    """Every import of ours that reaches a higher layer, except the named lazy entry points."""
+    found = []
+    for name, deps in sorted(graph.items()):
+        for dep in sorted(deps):
+            target = _ours(dep)
+            if target is None or target == PKG or _rank(target) <= _rank(name):
+                continue
+            key = (name.removeprefix(f"{PKG}."), _layer(target))
+            if key in LAZY_CLIMBS:
+                continue
+            found.append(f"{name} -> {target}")
+    return found
+
+
+def test_every_room_has_a_layer_and_no_import_climbs() -> None:
+    """models/protocol/errors < envserver, client, stores < runtimes < steps < sdk <
+    workflows/activities < temporal < gc < worker < cli < the public surface."""
+    assert not climbs(), "imports that climb the layers:\n" + "\n".join(climbs())
+
+
+def test_lazy_climbs_stay_inside_functions() -> None:
+    """A named lazy entry point is a function-level import; at module level it would climb."""
+    for (importer, room), _reason in LAZY_CLIMBS.items():
+        path = MODULES[f"{PKG}.{importer}"]
+        tree = ast.parse(path.read_text(), str(path))
+        top = _module_level_imports(path)
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.Import, ast.ImportFrom)) and node.lineno in top:
+                names = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
+                assert not any(f"{PKG}.{room}" in n or n == room for n in names), (importer, room)
+
+
+def test_a_planted_upward_import_is_caught() -> None:
+    """The check is not blind: steps/ importing sdk/, or runtimes/ importing steps/, is a climb."""
+    planted = {name: set(deps) for name, deps in GRAPH.items()}
+    planted[f"{PKG}.steps.substrate"].add(f"{PKG}.sdk.run")
+    planted[f"{PKG}.runtimes.base"].add(f"{PKG}.steps.plan")
+    found = climbs(planted)
+    assert f"{PKG}.steps.substrate -> {PKG}.sdk.run" in found
+    assert f"{PKG}.runtimes.base -> {PKG}.steps.plan" in found

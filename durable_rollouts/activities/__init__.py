@@ -8,6 +8,6 @@ import this package (they reference activities by name).
 from __future__ import annotations
 
 from durable_rollouts.activities.rollout import Queues, RolloutActivities
-from durable_rollouts.activities.taskset import ResultStore, TasksetActivities, register_taskset
+from durable_rollouts.activities.taskset import TasksetActivities
 
-__all__ = ["Queues", "ResultStore", "RolloutActivities", "TasksetActivities", "register_taskset"]
+__all__ = ["Queues", "RolloutActivities", "TasksetActivities"]

@@ -29,7 +29,7 @@ from durable_rollouts.steps import substrate as steps
 from durable_rollouts.sdk.agents import load_agent
 from durable_rollouts.sdk.run import Run
 from durable_rollouts.runtimes import provider_from_spec
-from durable_rollouts.steps.tracestore import TraceStore
+from durable_rollouts.stores.tracestore import TraceStore
 from durable_rollouts.step_io import AgentInput, AgentResult, GradeInput, Opened, ProvisionInput
 from durable_rollouts.workflows.types import ACT_CLOSE, ACT_OPEN
 

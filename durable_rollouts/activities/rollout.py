@@ -28,7 +28,7 @@ from durable_rollouts.steps import verifier, verify_once
 from durable_rollouts.runtimes import provider_from_spec
 from durable_rollouts.sdk.agents import load_agent
 from durable_rollouts.sdk.run import Run
-from durable_rollouts.steps.tracestore import TraceStore
+from durable_rollouts.stores.tracestore import TraceStore
 from durable_rollouts.step_io import (
     AgentInput,
     AgentResult,

@@ -13,7 +13,7 @@ from .file_tracking import FileChange, FileChanges, file_tracking_observer
 from .job import GroupStats, Job
 from .run import Run
 from .taskset import Taskset
-from ..steps.tracestore import TraceStore
+from ..stores.tracestore import TraceStore
 
 __all__ = [
     "Agent",

@@ -36,7 +36,7 @@ from ..steps import agent as agent_step
 from ..steps import substrate, verifier
 from ..steps.plan import Plan, build_plan, retry_delay
 from ..steps.plan import Step as PlanStep
-from ..steps.tracestore import TraceStore
+from ..stores.tracestore import TraceStore
 from .agents import Agent, as_agent
 from .job import Job
 from .run import Run

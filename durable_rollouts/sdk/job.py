@@ -21,7 +21,7 @@ from typing import Any
 from ..models import ERROR_STATUSES, AgentSpec, RolloutResult
 from .export_formats import check_format, write_lines
 from .run import Run
-from ..steps.tracestore import TraceStore
+from ..stores.tracestore import TraceStore
 
 __all__ = ["GroupStats", "Job", "mark_dropped"]
 

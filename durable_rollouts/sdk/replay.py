@@ -32,7 +32,7 @@ from .job import Job
 from .replay_agent import REPLAY_LINK, ReplayAgent, ReplayEntry, ReplayManifest, entry_key
 from .saved_rollouts import SavedRollout, from_run, read_export
 from .taskset import DURABLE_EXECUTOR, Taskset
-from ..steps.tracestore import TraceStore
+from ..stores.tracestore import TraceStore
 
 __all__ = ["RegradeSummary", "ReplayBatch", "ReplayTaskset", "RewardChange", "check_grader",
            "is_export_path", "plan_batches", "replay_taskset"]

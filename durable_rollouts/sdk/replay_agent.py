@@ -21,9 +21,9 @@ from pydantic import Field
 from ..errors import ConfigError
 from ..models import StrictModel
 from .agents import Agent
-from ..steps.blobs import default_blobs
+from ..stores.blobs import default_blobs
 from .run import Run
-from ..steps.tracestore import TraceStore
+from ..stores.tracestore import TraceStore
 
 __all__ = ["REPLAY_LINK", "ReplayAgent", "ReplayEntry", "ReplayManifest", "entry_key"]
 

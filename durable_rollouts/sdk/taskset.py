@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from .agents import Agent
     from .job import Job
 
-__all__ = ["Taskset"]
+__all__ = ["Taskset", "load_taskset", "register_taskset", "taskset_class_path"]
 
 DURABLE_EXECUTOR = "durable_rollouts.temporal.batches"  # its run_taskset runs Taskset.run
 LIVE_JOBS = "durable_rollouts.temporal.live"  # its start_live runs Taskset.start
@@ -284,3 +284,41 @@ def _scan_module(path: Path) -> tuple[Taskset | None, list[Task]]:
     if not unique:
         raise ConfigError(f"{path} defines no Task, Taskset or list of tasks")
     return (tasksets[0] if len(tasksets) == 1 else None), list(unique.values())
+
+
+# -- tasksets by class path: how a worker rebuilds a taskset whose resolve_task is overridden --
+
+_LIVE: dict[tuple[str, str], Any] = {}
+
+
+def taskset_class_path(taskset: Any) -> str | None:
+    """``module:Class`` of a taskset whose ``resolve_task`` is overridden, else None (identity)."""
+    if type(taskset).resolve_task is Taskset.resolve_task:
+        return None
+    cls = type(taskset)
+    return f"{cls.__module__}:{cls.__qualname__}"
+
+
+def register_taskset(taskset: Any) -> None:
+    """Let an in-process worker resolve with the caller's live taskset object."""
+    path = taskset_class_path(taskset)
+    if path is not None:
+        _LIVE[(path, taskset.name)] = taskset
+
+
+def load_taskset(path: str, name: str) -> Any:
+    """The taskset a worker resolves with: the caller's live object, else ``Class(name)`` by path."""
+    live = _LIVE.get((path, name))
+    if live is not None:
+        return live
+    module_name, _, qualname = path.partition(":")
+    try:
+        obj: Any = importlib.import_module(module_name)
+        for part in qualname.split("."):
+            obj = getattr(obj, part)
+    except (ImportError, AttributeError) as err:
+        raise ConfigError(f"cannot import taskset class {path!r} on this worker: {err}") from err
+    try:
+        return obj(name)
+    except TypeError as err:
+        raise ConfigError(f"taskset class {path!r} cannot be built as {qualname}(name): {err}") from err

@@ -22,7 +22,7 @@ from ..step_io import AgentInput, AgentResult, Checkpoint
 from ..client import channel, kept
 from .agent_call import AgentLike, RunLike, call_agent
 from ..client.envclient import EnvClient
-from .tracestore import TraceStore
+from ..stores.tracestore import TraceStore
 
 __all__ = ["Checkpointer", "RunFactory", "agent_channel", "astore_result", "execute_agent", "run_agent"]
 

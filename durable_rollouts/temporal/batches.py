@@ -34,7 +34,7 @@ from durable_rollouts.sdk import lifetime
 from durable_rollouts.sdk.agents import as_agent, check_remote
 from durable_rollouts.sdk.job import Job, mark_dropped
 from durable_rollouts.sdk.run import Run
-from durable_rollouts.steps.tracestore import TraceStore
+from durable_rollouts.stores.tracestore import TraceStore
 from durable_rollouts.sdk.validation import validate_batch
 from durable_rollouts.settings import settings
 from durable_rollouts.temporal.connection import connect_client, ensure_search_attributes, resolve_address
@@ -261,7 +261,7 @@ async def _start(taskset: Any, agent_spec: Any, provider_spec: Any, runtime: Any
     hand it the first workflow task in the start response (eager workflow start: no dispatch
     through matching; a server or worker that cannot, starts it as usual).
     """
-    from durable_rollouts.activities.taskset import register_taskset, taskset_class_path
+    from durable_rollouts.sdk.taskset import register_taskset, taskset_class_path
 
     attrs_ok = await ensure_search_attributes(client)
 
@@ -275,7 +275,7 @@ async def _start(taskset: Any, agent_spec: Any, provider_spec: Any, runtime: Any
     rows_ref = None
     # keep the workflow input (and every continue-as-new carry) small: rows go by claim check
     if len(rows) > INLINE_ROWS or sum(len(r.model_dump_json()) for r in rows) > INLINE_ROWS_BYTES:
-        from durable_rollouts.activities.taskset import ResultStore
+        from durable_rollouts.stores.results import ResultStore
 
         rows_ref = ResultStore().put_rows(job.id, batch_index, rows)
     inp = TasksetRunInput(

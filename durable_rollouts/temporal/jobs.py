@@ -26,7 +26,7 @@ from ..errors import ConfigError
 from ..models import RolloutResult, Task
 from ..sdk.job import Job, mark_dropped
 from ..sdk.run import Run
-from ..steps.tracestore import TraceStore
+from ..stores.tracestore import TraceStore
 from ..workflows import TasksetRun, child_id, group_id, rollout_id, workflow_id
 from ..workflows.types import ResultsRef, RolloutInput, TasksetRunInput, TasksetRunResult
 
@@ -101,7 +101,7 @@ def dedupe_latest(results: list[RolloutResult]) -> dict[str, RolloutResult]:
 
 def load_results(refs: list[ResultsRef], inline: list[RolloutResult]) -> list[RolloutResult]:
     """Claim-checked chunks first, then the inline results: chronological order."""
-    from ..activities.taskset import ResultStore
+    from ..stores.results import ResultStore
 
     out: list[RolloutResult] = []
     for ref in refs:
@@ -238,7 +238,7 @@ def batch_rows(inp: TasksetRunInput) -> list[Task]:
     """A batch's rows: inline, or from the claim-checked rows file of a large taskset."""
     if inp.rows_ref is None:
         return list(inp.rows)
-    from ..activities.taskset import ResultStore
+    from ..stores.results import ResultStore
 
     return ResultStore.get_rows(
         inp.rows_ref, 0, inp.total_rows if inp.total_rows is not None else 1 << 62

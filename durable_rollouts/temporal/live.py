@@ -25,7 +25,7 @@ from temporalio.service import RPCError
 from ..errors import ConfigError, DurableRolloutsError
 from ..sdk.job import Job
 from ..sdk.run import Run
-from ..steps.tracestore import TraceStore
+from ..stores.tracestore import TraceStore
 from ..workflows import TasksetRun, TasksetRunInput, TasksetRunResult, workflow_id
 from ..workflows.stream import (
     AckRequest,

@@ -22,10 +22,9 @@ from temporalio.plugin import SimplePlugin
 from temporalio.worker import Worker
 
 from durable_rollouts.activities import Queues
-from durable_rollouts.steps.tracestore import TraceStore
+from durable_rollouts.stores.tracestore import TraceStore
 from durable_rollouts.temporal.codec import data_converter
 from durable_rollouts.temporal.eviction import evict_cached
-from durable_rollouts.worker import worker_parts
 from durable_rollouts.workflows.types import DEFAULT_TASK_QUEUE
 
 __all__ = ["PLUGIN_NAME", "RolloutsPlugin"]
@@ -43,6 +42,8 @@ class RolloutsPlugin(SimplePlugin):
 
     def __init__(self, *, task_queue: str = DEFAULT_TASK_QUEUE,
                  trace_store: TraceStore | None = None) -> None:
+        from durable_rollouts.worker import worker_parts  # lazy: the worker layer sits above this one
+
         parts = worker_parts(Queues(shared=task_queue), trace_store=trace_store)
         super().__init__(
             PLUGIN_NAME,

@@ -90,7 +90,7 @@ def _carry(
 ) -> tuple[list[RolloutResult], list[ResultsRef]]:
     if len(kept) <= INLINE_KEPT_MAX:
         return kept, []
-    from ..activities.taskset import ResultStore
+    from ..stores.results import ResultStore
 
     # A chunk number no flush of the new run uses (those count up from len(result_refs)).
     chunk = int(time.time() * 1000) % 1_000_000_000 + 1_000_000

@@ -39,7 +39,7 @@ from temporalio.converter import (
 )
 
 from durable_rollouts.errors import ConfigError
-from durable_rollouts.steps.blobs import register_blobs
+from durable_rollouts.stores.blobs import register_blobs
 from durable_rollouts.temporal.encryption import AESGCMCodec
 from durable_rollouts.temporal.storage_loop import LOOP
 from durable_rollouts.paths import atomic_write, rollouts_home

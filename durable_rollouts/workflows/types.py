@@ -17,6 +17,7 @@ from durable_rollouts.models import (
     RETRYABLE_STATUSES,
     AgentSpec,
     ProviderSpec,
+    ResultsRef,
     RolloutResult,
     StrictModel,
     Task,
@@ -114,13 +115,6 @@ ON_ERROR_POLICIES: tuple[str, ...] = ("keep", "drop_group", "fail", "drop_sample
 
 
 _Model = StrictModel  # the one strict base of boundary models (models.py)
-
-
-class ResultsRef(_Model):
-    """A claim check for a chunk of RolloutResults flushed out of workflow state."""
-
-    uri: str
-    count: int
 
 
 class Progress(_Model):

@@ -15,7 +15,7 @@ from scripted_llm import final, tool_call
 from durable_rollouts.sdk.direct import run_direct
 from durable_rollouts.sdk.openai_agent import OpenAIChatAgent
 from durable_rollouts.runtimes import LocalRuntime
-from durable_rollouts.steps.tracestore import TraceStore
+from durable_rollouts.stores.tracestore import TraceStore
 from durable_rollouts.sdk.taskset import Taskset
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"

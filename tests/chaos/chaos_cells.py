@@ -49,7 +49,7 @@ from durable_rollouts.temporal.batches import start_job
 from durable_rollouts.runtimes import Runtime, SubprocessRuntime
 from durable_rollouts.sdk.taskset import Taskset
 from durable_rollouts.temporal.connection import connect_client
-from durable_rollouts.steps.tracestore import TraceStore
+from durable_rollouts.stores.tracestore import TraceStore
 
 # worker SIGKILLed at a fault point (tests/temporal/faults.py, via `python -m fault_worker`) during each step
 KILL_POINTS = {
@@ -439,7 +439,7 @@ async def _inject(cell: str, evidence: Path, workers: Workers, job: asyncio.Futu
 
 def _cell_trace(home: Path, run: Any) -> Any:
     """``run``'s trace from the cell's own store (its workers' ``file://HOME/storage``)."""
-    from durable_rollouts.steps.tracestore import TraceStore
+    from durable_rollouts.stores.tracestore import TraceStore
     from durable_rollouts.temporal import storage
 
     driver = storage.build_driver(storage.parse_storage_url(f"file://{home / 'storage'}"))

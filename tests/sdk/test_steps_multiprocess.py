@@ -14,7 +14,7 @@ from pathlib import Path
 from durable_rollouts.models import Endpoint, Grade
 from durable_rollouts.step_io import AgentResult
 from durable_rollouts.runtimes.subprocess import substrate_dir
-from durable_rollouts.steps.tracestore import TraceStore
+from durable_rollouts.stores.tracestore import TraceStore
 
 REPO = Path(__file__).resolve().parents[2]
 LETTERS = REPO / "examples" / "letters" / "env.py"

@@ -12,7 +12,7 @@ from durable_rollouts import Job, Task, Taskset
 from durable_rollouts.errors import ConfigError
 from durable_rollouts.models import Grade, RolloutResult, Trace, task_slug
 from durable_rollouts.sdk.run import Run
-from durable_rollouts.steps.tracestore import TraceStore
+from durable_rollouts.stores.tracestore import TraceStore
 
 LETTERS = Path(__file__).resolve().parents[2] / "examples" / "letters" / "env.py"
 
