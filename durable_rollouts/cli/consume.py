@@ -28,7 +28,7 @@ from rich.console import Console
 
 from ..errors import ConfigError, DurableRolloutsError
 from ..sdk.run import Run
-from ..workflows.ids import workflow_id
+from ..ids import workflow_id
 from ..workflows.stream import FinishedGroup, check_consumer
 from .service import stop_event
 

@@ -10,13 +10,13 @@ errors, hud_detect, run and the HUD adapter only; never envserver, providers or 
 from __future__ import annotations
 
 import asyncio
-import importlib
 import sys
 from abc import ABC, abstractmethod
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError
 
+from .. import moved
 from ..errors import ConfigError
 from ..hud_detect import is_hud_agent_class, missing_hud
 from ..models import AgentSpec
@@ -149,7 +149,7 @@ def resolve_class(path: str) -> type:
         if module_name == "__main__":
             raise ConfigError(f"agent {path!r} lives in __main__, which this process cannot import")
         try:
-            module = importlib.import_module(module_name)
+            module = moved.import_module(module_name)
         except Exception as exc:  # an ImportError or anything the module raises on import
             raise missing_hud(exc, f"agent module {module_name!r}") or ConfigError(
                 f"cannot import agent module {module_name!r}: {exc}") from exc

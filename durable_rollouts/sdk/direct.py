@@ -15,10 +15,10 @@ import asyncio
 import contextlib
 import logging
 import time
-import uuid
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from .. import ids
 from ..errors import ConfigError, ModelAPIError, SubstrateGoneError
 from ..models import AgentSpec, Endpoint, Grade, ProviderSpec, Session, Step, Task, Trace
 from ..runtimes.base import DurableProvider
@@ -79,13 +79,12 @@ async def run_direct(taskset: Taskset, agent: Agent | Any, runtime: DurableProvi
     ctx = _Batch(agent, runtime, trace_store or TraceStore(), asyncio.Semaphore(max_concurrent),
                  rollout_timeout)
     groups = []
-    for row_index, row in enumerate(taskset):
-        group_id = uuid.uuid4().hex
+    for row_index, row in enumerate(taskset):  # the durable path's ids (``ids``), so both agree
         runs = [
-            Run(task=row, slug=row.slug, job_id=job.id, group_id=group_id, group_index=gi,
-                row_index=row_index, rollout_id=rid, trace=Trace(trace_id=rid))
+            Run(task=row, slug=row.slug, job_id=job.id, group_id=ids.group_id(job.id, row_index, batch),
+                group_index=gi, row_index=row_index, rollout_id=rid, trace=Trace(trace_id=rid))
             for gi in range(group)
-            for rid in [f"{job.id}-{row.slug}-{gi}" + (f"-b{batch}" if batch else "")]
+            for rid in [ids.rollout_id(job.id, row.slug, gi, batch)]
         ]
         groups.append(ctx.run_group(taskset, row, runs))
     for runs in await asyncio.gather(*groups):

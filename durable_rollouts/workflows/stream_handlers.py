@@ -18,7 +18,7 @@ from datetime import timedelta
 from temporalio import workflow
 
 with workflow.unsafe.imports_passed_through():
-    from durable_rollouts.workflows.ids import group_id
+    from durable_rollouts.ids import group_id
     from durable_rollouts.workflows.types import TasksetRunInput
     from durable_rollouts.workflows.stream import (
         AckRequest,

@@ -25,7 +25,7 @@ from temporalio.workflow import ParentClosePolicy
 
 with workflow.unsafe.imports_passed_through():
     from durable_rollouts.models import RetryAttempt, RolloutResult, Task
-    from durable_rollouts.workflows.ids import child_id, group_id, rollout_id, workflow_id
+    from durable_rollouts.ids import child_id, group_id, rollout_id, workflow_id
     from durable_rollouts.workflows.rollout import Rollout
     from durable_rollouts.workflows.stream import StreamState
     from durable_rollouts.workflows.stream_handlers import StreamHandlers
