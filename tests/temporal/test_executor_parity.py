@@ -76,3 +76,16 @@ async def test_direct_and_durable_walk_the_same_plan_with_the_same_runs(client, 
     assert {s[1] for s in direct_seen} == {0, 1} and {s[2] for s in direct_seen} == {0, 1}
     assert _fields(direct) == _fields(durable)
     assert sorted(r.reward for r in direct.runs) == [0.0, 0.0, 1.0, 1.0]  # the verifier decides
+
+
+async def test_a_group_of_3_over_2_rows_sees_the_same_indexes_in_both_executors(client, task_queue) -> None:
+    """The agent's ``(row_index, group_index, attempt)`` set is the same set of 6 in both."""
+    rows = [Task(env="spelling", id="spell_backwards", args={"word": w}, source=str(SPELLING))
+            for w in ("drawer", "stressed")]
+    Recorder.seen = []
+    await run_direct(Taskset("g3", rows), Recorder(), SubprocessRuntime(), group=3)
+    direct_seen, Recorder.seen = {(s[2], s[1], s[3]) for s in Recorder.seen}, []
+    await run_taskset(Taskset("g3", rows), Recorder(), runtime=SubprocessRuntime(), group=3,
+                      temporal=client, worker=True, task_queue=task_queue)
+    durable_seen = {(s[2], s[1], s[3]) for s in Recorder.seen}
+    assert direct_seen == durable_seen == {(r, g, 1) for r in (0, 1) for g in (0, 1, 2)}
