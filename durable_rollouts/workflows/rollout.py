@@ -78,6 +78,8 @@ AGENT_LOST_WORKER_ROUNDS = 3
 # Teardown on a substrate queue that just went unpolled: wait this long, not the full queue
 # timeout (its worker is most likely gone; the orphan sweep reaps what it left).
 LOST_QUEUE_TEARDOWN = timedelta(seconds=5)
+# Cheap steps of a pinned substrate run as local activities beside it (see _local_beside_substrate).
+PATCH_LOCAL_BESIDE_SUBSTRATE = "rollout-local-steps-beside-substrate"
 
 
 @dataclass
@@ -257,7 +259,7 @@ class CardRollout(AgentTurns):
         else as an activity on the substrate's queue (or the workflow's, before provision)."""
         queue = endpoint.task_queue if endpoint is not None else None
         pinned = queue is not None and queue != self._queue
-        if step.local and not pinned:
+        if step.local and (not pinned or self._local_beside_substrate()):
             return await workflow.execute_local_activity(
                 step.activity, arg, result_type=result_type, summary=step.step,
                 start_to_close_timeout=step.start_to_close, retry_policy=step.retry)
@@ -267,8 +269,23 @@ class CardRollout(AgentTurns):
             heartbeat_timeout=step.heartbeat, retry_policy=step.retry,
             schedule_to_start_timeout=(queue_timeout or plan.queue_timeout) if pinned else None)
 
+    def _local_beside_substrate(self) -> bool:
+        """Whether a cheap step of a pinned substrate runs as a local activity (this release).
+
+        A Rollout stays on the worker that provisioned its substrate (its workflow task is sticky
+        there, and provision ran beside it), so its cheap steps reach the substrate from right
+        here, as on one worker: no activity round trip on the substrate's queue. If the workflow
+        moved to another worker (the first one died, or evicted it), the step finds the substrate
+        gone and the rollout reprovisions, as it would on a lost queue. Rollouts started by
+        earlier releases keep their pinned activities (decided once, at the first such step).
+        """
+        if self._beside is None:
+            self._beside = workflow.patched(PATCH_LOCAL_BESIDE_SUBSTRATE)
+        return self._beside
+
     _queue = ""
     _last_phase = "provisioning"
+    _beside: bool | None = None
 
 
 @workflow.defn(name="Rollout")

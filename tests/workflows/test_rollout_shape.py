@@ -23,7 +23,7 @@ from history_scan import step_events, step_names
 from temporalio import activity
 from temporalio.client import Client, WorkflowFailureError
 from temporalio.common import SearchAttributeKey
-from temporalio.exceptions import CancelledError
+from temporalio.exceptions import ApplicationError, CancelledError
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import UnsandboxedWorkflowRunner, Worker
 
@@ -70,6 +70,7 @@ class Stubs:
         self.calls: Counter[str] = Counter()
         self.fail: dict[str, int] = {}
         self.queue: Callable[[int], str | None] = lambda n: None  # provision's substrate queue
+        self.gone_queues: set[str] = set()  # substrates on these queues refuse connections
         self.agent_behaviour: Callable[[int], Any] | None = None
         self.torn_down = asyncio.Event()
 
@@ -91,6 +92,9 @@ class Stubs:
         @activity.defn(name=wf.ACT_CONNECT)
         async def connect(inp: ConnectInput) -> Session:
             self._count("connect")
+            if inp.endpoint.task_queue in self.gone_queues:  # as a real connect: refused
+                raise ApplicationError("substrate refuses connections", type=wf.ERR_SUBSTRATE_GONE,
+                                       non_retryable=True)
             return session
 
         @activity.defn(name=wf.ACT_START)
@@ -208,18 +212,42 @@ async def test_an_agent_that_stops_heartbeating_is_retried_after_its_heartbeat_t
 
 
 async def test_a_worker_lost_between_steps_makes_the_rollout_reprovision(env: WorkflowEnvironment) -> None:
-    """Provision (attempt 1) places the substrate on worker A, whose queue then goes unpolled:
-    connect is never picked up, the substrate counts as gone, and a new attempt reprovisions."""
+    """Provision (attempt 1) placed the substrate on worker A, which is gone: connect runs beside
+    the workflow (a local activity, as on one worker), finds the substrate refusing connections,
+    and a new attempt reprovisions."""
     stubs = Stubs()
     lost = f"worker-a-{uuid.uuid4().hex[:6]}"
     stubs.queue = lambda n: lost if n == 1 else None
+    stubs.gone_queues = {lost}
     inp = _input(f"q-{uuid.uuid4().hex[:8]}", queue_timeout_s=1.0)
     result, history = await _run(env.client, stubs, inp)
     assert result.status == "succeeded" and result.attempts == 2
     assert "attempt 1 (connecting)" in (result.error or "")
     assert step_names(history) == ["provision", "connect", "teardown", *CARD]
     events = step_events(history)
-    assert events[1] == ("rollouts.connect", "activity") and events[2] == ("rollouts.teardown", "activity")
+    assert events[1] == ("rollouts.connect", "local") and events[2] == ("rollouts.teardown", "local")
+
+
+async def test_a_pinned_substrate_runs_its_cheap_steps_beside_the_workflow(env: WorkflowEnvironment) -> None:
+    """A substrate on another queue (a ``rollouts worker``'s process queue) costs what it costs on
+    one worker: connect, start, grade and teardown are local activities; only the agent step,
+    which heartbeats, is scheduled on the substrate's queue. If nobody polls that queue, the
+    agent step is lost and the rollout reprovisions."""
+    stubs = Stubs()
+    lost = f"worker-a-{uuid.uuid4().hex[:6]}"
+    stubs.queue = lambda n: lost if n == 1 else None
+    inp = _input(f"q-{uuid.uuid4().hex[:8]}", queue_timeout_s=1.0)
+    result, history = await _run(env.client, stubs, inp)
+    assert result.status == "succeeded" and result.attempts == 2
+    assert "attempt 1 (agent loop)" in (result.error or "")
+    assert step_names(history)[:6] == ["provision", "connect", "start", "agent", "teardown", "provision"]
+    kinds = step_events(history)[:5]
+    assert [k for _, k in kinds] == ["local", "local", "local", "activity", "local"]
+    scheduled = [e.activity_task_scheduled_event_attributes for e in history.events
+                 if e.HasField("activity_task_scheduled_event_attributes")]
+    assert scheduled[0].task_queue.name == lost  # the agent step went to the substrate's queue
+    assert any(e.HasField("marker_recorded_event_attributes")
+               and e.marker_recorded_event_attributes.marker_name == "core_patch" for e in history.events)
 
 
 async def test_a_cancelled_rollout_still_tears_down(env: WorkflowEnvironment) -> None:
