@@ -12,6 +12,7 @@ the client or anything under ``sdk``.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import inspect
 import json
@@ -371,10 +372,21 @@ class Environment:
         self.started = True
 
     async def stop(self) -> None:
-        """Run the shutdown hooks in reverse order; errors are logged, never raised."""
+        """Run the shutdown hooks in reverse order; errors are logged, never raised.
+
+        A hook that awaits a task it has just cancelled ends in CancelledError (the seeds' MCP
+        example does: ``suppress(Exception)`` does not catch it). Unless whoever called ``stop``
+        is itself being cancelled, that is the hook's own failure: logged like any other.
+        """
         for hook in reversed(self._shutdown):
             try:
                 await _call_hook(hook)
+            except asyncio.CancelledError:
+                current = asyncio.current_task()
+                if current is None or current.cancelling():
+                    raise  # our caller is being cancelled: honour it
+                log.warning("shutdown hook %s ended in CancelledError (it awaited a task it "
+                            "cancelled?); the other hooks still run", _hook_name(hook))
             except Exception:
                 log.exception("shutdown hook %s failed", _hook_name(hook))
         self.started = False
