@@ -14,7 +14,7 @@ import time
 import uuid
 from typing import TYPE_CHECKING, Any
 
-from ..errors import ConfigError, StepFailed
+from ..errors import StepFailed
 from ..models import (
     AgentSpec,
     Endpoint,
@@ -35,6 +35,7 @@ from .job import Job
 from .providers.base import DurableProvider
 from .run import Run
 from .tracestore import TraceStore
+from .placement import resolve_placement
 from .validation import validate_batch
 
 if TYPE_CHECKING:
@@ -48,7 +49,7 @@ _IN_PROCESS = AgentSpec(path="in-process")  # the direct path hands the agent ob
 _BEFORE_LAUNCH = {"resolving", "provisioning", "connecting", "starting task"}
 
 
-async def run_direct(taskset: Taskset, agent: Agent | Any, runtime: DurableProvider, group: int | None = None,
+async def run_direct(taskset: Taskset, agent: Agent | Any, runtime: Any = None, group: int | None = None,
                      max_concurrent: int = 16, rollout_timeout: float | None = None, *,
                      job: Job | None = None, trace_store: TraceStore | None = None) -> Job:
     """Run every row ``group`` times, at most ``max_concurrent`` at once, and return the Job.
@@ -59,8 +60,7 @@ async def run_direct(taskset: Taskset, agent: Agent | Any, runtime: DurableProvi
     Raises:
         ConfigError: a setting that cannot work (checked before anything starts).
     """
-    if not isinstance(runtime, DurableProvider):
-        raise ConfigError(f"runtime must be a provider such as LocalRuntime(...), not {type(runtime).__name__}")
+    runtime = resolve_placement(runtime, taskset)  # a built-in, any provider callable, or the default
     agent = as_agent(agent)  # ours, or a HUD v6 agent (wrapped)
     group = Job.batch_group(group, job)
     validate_batch(taskset, runtime=runtime, group=group, max_concurrent=max_concurrent,

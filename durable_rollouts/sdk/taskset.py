@@ -22,6 +22,7 @@ from ..errors import ConfigError
 from ..hud_detect import is_hud_task, is_hud_taskset, missing_hud
 from ..models import Task
 from .hud_compat import task_from_hud
+from .placement import resolve_placement
 
 if TYPE_CHECKING:
     from .agents import Agent
@@ -187,7 +188,7 @@ class Taskset:
 
     # -- running --------------------------------------------------------------------------
 
-    async def run(self, agent: Agent, *, runtime: Any, group: int | None = None, max_concurrent: int = 16,
+    async def run(self, agent: Agent, *, runtime: Any = None, group: int | None = None, max_concurrent: int = 16,
                   job: Job | None = None, rollout_timeout: float | None = None,
                   temporal: Any = None, retries: int = 0, on_error: str = "keep",
                   **kwargs: Any) -> Job:
@@ -198,19 +199,21 @@ class Taskset:
         attempts recorded); ``on_error`` then decides about an error that is left: ``"keep"``
         (default), ``"drop_group"`` (the whole group gets ``dropped=True`` and leaves the stats)
         or ``"fail"`` (cancel the rest of the batch; every substrate is still torn down).
+        ``runtime``: a built-in provider, or any ``(task) -> async context manager yielding a
+        Runtime``; None serves each row from the env file that declares it, per rollout.
         """
         # The durable executor is the Temporal layer: looked up by name when a batch runs, so
         # sdk/ never imports it (tests/test_layering.py) and plain imports never load Temporal.
         run_taskset = importlib.import_module(DURABLE_EXECUTOR).run_taskset
 
         return await run_taskset(  # type: ignore[no-any-return]
-            self, agent, runtime=runtime, group=group, max_concurrent=max_concurrent,
-            job=job, rollout_timeout=rollout_timeout, temporal=temporal, retries=retries,
+            self, agent, runtime=resolve_placement(runtime, self), group=group,
+            max_concurrent=max_concurrent, job=job, rollout_timeout=rollout_timeout, temporal=temporal, retries=retries,
             on_error=on_error, **kwargs,
         )
 
 
-    async def start(self, agent: Agent, *, runtime: Any, group: int | None = None,
+    async def start(self, agent: Agent, *, runtime: Any = None, group: int | None = None,
                     max_concurrent: int = 16, temporal: Any = None, max_in_flight: int | None = None,
                     max_staleness: int | None = None, on_error: str = "keep", retries: int = 0,
                     **kwargs: Any) -> Any:
@@ -229,8 +232,8 @@ class Taskset:
         """
         start_live = importlib.import_module(LIVE_JOBS).start_live
         return await start_live(
-            self, agent, runtime=runtime, group=group, max_concurrent=max_concurrent,
-            temporal=temporal, max_in_flight=max_in_flight, max_staleness=max_staleness,
+            self, agent, runtime=resolve_placement(runtime, self), group=group,
+            max_concurrent=max_concurrent, temporal=temporal, max_in_flight=max_in_flight, max_staleness=max_staleness,
             on_error=on_error, retries=retries, **kwargs)
 
 

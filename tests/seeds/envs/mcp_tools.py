@@ -2,8 +2,8 @@
 # The template body is cut off in the seed; `use_tool` below is ours (it only asks for an answer).
 import asyncio, contextlib, socket
 from fastmcp import FastMCP
-from durable_rollouts import Capability
-from durable_rollouts import Environment
+from durable_rollouts.capabilities import Capability
+from durable_rollouts.environment import Environment
 
 server = FastMCP(name="my-env")
 env = Environment(name="my-env")
