@@ -93,7 +93,7 @@ class Template:
                 continue
             if param.kind is inspect.Parameter.VAR_POSITIONAL:
                 continue
-            self._adapters[name] = TypeAdapter(hints.get(name, Any))
+            self._adapters[name] = _adapter(hints.get(name, Any))
         self._answer_adapter: TypeAdapter[Any] | None = (
             TypeAdapter(returns) if returns is not None else None
         )
@@ -171,6 +171,34 @@ class Template:
         schema.pop("title", None)
         schema["additionalProperties"] = self.var_kwargs
         return schema
+
+
+_ADAPTERS: dict[Any, TypeAdapter[Any]] = {}  # plain annotations (str, int | None ...) -> adapter
+
+
+def _adapter(annotation: Any) -> TypeAdapter[Any]:
+    """A TypeAdapter, shared for annotations made of builtins and typing only (a file loaded per
+    rollout builds its templates again: ``str`` need not be compiled each time; its own classes
+    are new objects each load, so they are never cached)."""
+    if not _plain(annotation):
+        return TypeAdapter(annotation)
+    found = _ADAPTERS.get(annotation)
+    if found is None:
+        found = _ADAPTERS[annotation] = TypeAdapter(annotation)
+    return found
+
+
+def _plain(annotation: Any) -> bool:
+    if annotation is Any or annotation is None or annotation is type(None):
+        return True
+    if getattr(annotation, "__module__", None) not in ("builtins", "typing", "types"):
+        return False
+    try:
+        hash(annotation)
+    except TypeError:
+        return False
+    return all(_plain(arg) if not isinstance(arg, (str, int, float, bool, bytes)) else True
+               for arg in typing.get_args(annotation))
 
 
 class _LenientSchema(GenerateJsonSchema):

@@ -60,9 +60,13 @@ def _siblings_importable(folder: Path) -> Iterator[None]:
         sys.meta_path.remove(finder)
 
 
+_CODE: dict[tuple[Path, int, int], Any] = {}  # (path, mtime, size) -> its compiled code
+
+
 def import_file(path: Path, module_name: str) -> ModuleType:
     """Run the Python file ``path`` as module ``module_name`` (kept in ``sys.modules``); its
-    sibling modules are importable while it runs.
+    sibling modules are importable while it runs. Its compiled code is kept per process, for a
+    file loaded once per rollout.
 
     Raises:
         ConfigError: ``path`` cannot be imported at all.
@@ -75,7 +79,7 @@ def import_file(path: Path, module_name: str) -> ModuleType:
     sys.modules[module_name] = module
     try:
         with _siblings_importable(path.parent):
-            spec.loader.exec_module(module)
+            exec(_code(path, spec.loader), module.__dict__)
     except BaseException as exc:
         sys.modules.pop(module_name, None)
         no_hud = missing_hud(exc, str(path))
@@ -83,6 +87,15 @@ def import_file(path: Path, module_name: str) -> ModuleType:
             raise no_hud from None
         raise
     return module
+
+
+def _code(path: Path, loader: Any) -> Any:
+    stat = path.stat()
+    key = (path, stat.st_mtime_ns, stat.st_size)
+    code = _CODE.get(key)
+    if code is None:
+        code = _CODE[key] = loader.get_code(loader.name)
+    return code
 
 
 def _import_env_name(path: Path) -> str:
