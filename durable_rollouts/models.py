@@ -316,6 +316,11 @@ class Grade(_Model):
         )
 
     @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Grade:
+        """HUD's name of :meth:`from_frame` (a ``tasks.grade`` result dict)."""
+        return cls.from_frame(data)
+
+    @classmethod
     def error(cls, message: str, raw: dict[str, Any] | None = None) -> Grade:
         return cls(reward=0.0, is_error=True, content=message, raw=raw or {})
 

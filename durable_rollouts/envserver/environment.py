@@ -285,7 +285,8 @@ class Environment:
             yield 1.0 if str(word.count(letter)) in (answer or "") else 0.0
     """
 
-    def __init__(self, name: str = "environment", *, version: str = "0.0.1") -> None:
+    def __init__(self, name: str = "environment", *, version: str = "0.0.1",
+                 capabilities: typing.Sequence[Capability] = ()) -> None:
         self.name = name
         self.version = version
         self.templates: dict[str, Template] = {}
@@ -294,6 +295,8 @@ class Environment:
         self._capabilities: dict[str, Capability] = {}
         self.started = False
         self.source = _caller_file()
+        for capability in capabilities:  # published from the start (HUD's capabilities=)
+            self.add_capability(capability)
 
     # -- declarations --------------------------------------------------------------------------
 

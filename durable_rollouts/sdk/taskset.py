@@ -125,7 +125,7 @@ class Taskset:
 
     @classmethod
     def from_file(cls, path: str | Path, name: str | None = None) -> Taskset:
-        """Load rows from a ``.py`` module, a ``.json`` file or a ``.jsonl`` file.
+        """Load rows from a ``.py`` module, a directory of them, a ``.json`` or a ``.jsonl`` file.
 
         A ``.py`` file is imported and scanned for ``Task`` objects (HUD v6 ``hud.eval.Task``
         rows too), ``Taskset`` objects and lists/tuples of tasks (a lone Taskset keeps its name).
@@ -135,6 +135,12 @@ class Taskset:
         path = Path(path)
         if not path.exists():
             raise ConfigError(f"taskset file not found: {path}")
+        if path.is_dir():  # every .py in it, as HUD's from_file(directory)
+            files = [f for f in sorted(path.glob("*.py")) if f.stem not in _SKIP_STEMS]
+            found = [t for f in files for t in _scan_module(f, required=False)[1]]
+            if not found:
+                raise ConfigError(f"{path}: no .py file in it defines a Task, Taskset or list of tasks")
+            return cls(name or path.name, {t.slug: t for t in found}.values())
         suffix = path.suffix.lower()
         if suffix == ".py":
             lone, rows = _scan_module(path)
@@ -237,6 +243,9 @@ class Taskset:
             on_error=on_error, retries=retries, **kwargs)
 
 
+_SKIP_STEMS = frozenset({"conftest", "setup", "__init__", "__main__"})  # not tasks in a directory
+
+
 def _as_task(row: Any, source: str | None = None) -> Task:
     if isinstance(row, Task):
         return row
@@ -254,7 +263,7 @@ def _is_row(value: Any) -> bool:
     return isinstance(value, Task) or is_hud_task(value)
 
 
-def _scan_module(path: Path) -> tuple[Taskset | None, list[Task]]:
+def _scan_module(path: Path, required: bool = True) -> tuple[Taskset | None, list[Task]]:
     """Import ``path`` and collect its tasks (in definition order, identical rows once)."""
     from ..envserver.loader import import_file  # lazily: only a .py taskset needs it
 
@@ -284,6 +293,6 @@ def _scan_module(path: Path) -> tuple[Taskset | None, list[Task]]:
         if seen is not None and seen != task:
             raise ConfigError(f"{path}: two different tasks share slug {task.slug!r}")
         unique.setdefault(task.slug, task)
-    if not unique:
+    if not unique and required:
         raise ConfigError(f"{path} defines no Task, Taskset or list of tasks")
     return (tasksets[0] if len(tasksets) == 1 else None), list(unique.values())
