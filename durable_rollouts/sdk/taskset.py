@@ -140,7 +140,7 @@ class Taskset:
             found = [t for f in files for t in _scan_module(f, required=False)[1]]
             if not found:
                 raise ConfigError(f"{path}: no .py file in it defines a Task, Taskset or list of tasks")
-            return cls(name or path.name, {t.slug: t for t in found}.values())
+            return cls(name or path.name, found)
         suffix = path.suffix.lower()
         if suffix == ".py":
             lone, rows = _scan_module(path)
