@@ -36,6 +36,7 @@ from .providers.base import DurableProvider
 from .run import Run
 from .tracestore import TraceStore
 from .placement import resolve_placement
+from .taskset_hooks import check_taskset_flags
 from .validation import validate_batch
 
 if TYPE_CHECKING:
@@ -63,6 +64,7 @@ async def run_direct(taskset: Taskset, agent: Agent | Any, runtime: Any = None, 
     runtime = resolve_placement(runtime, taskset)  # a built-in, any provider callable, or the default
     agent = as_agent(agent)  # ours, or a HUD v6 agent (wrapped)
     group = Job.batch_group(group, job)
+    check_taskset_flags(taskset, group=group, runtime=runtime)
     validate_batch(taskset, runtime=runtime, group=group, max_concurrent=max_concurrent,
                    rollout_timeout=rollout_timeout, agent_timeout=agent.timeout_s)
     job = job if job is not None else Job(name=taskset.name, group=group, taskset=taskset.name)

@@ -22,11 +22,12 @@ from ..errors import ConfigError
 from ..hud_detect import is_hud_task, is_hud_taskset, missing_hud
 from ..models import Task
 from .hud_compat import task_from_hud
+from .job import Job
 from .placement import resolve_placement
+from .taskset_hooks import check_taskset_flags
 
 if TYPE_CHECKING:
     from .agents import Agent
-    from .job import Job
 
 __all__ = ["Taskset"]
 
@@ -46,6 +47,11 @@ class Taskset:
     Raises:
         ConfigError: duplicate slugs, or a row that is not a Task.
     """
+
+    REQUIRES_GROUP_ROLLOUTS: bool = False
+    """``resolve_task`` binds state a whole group shares: single rollouts are refused."""
+    NEEDS_CONTAINER: bool = False
+    """The environment must run in a container: host runtimes (local, subprocess, ssh) are refused."""
 
     def __init__(self, name: str, tasks: Iterable[Task | dict[str, Any] | Any] = ()) -> None:
         self.name = name
@@ -211,9 +217,10 @@ class Taskset:
         # The durable executor is the Temporal layer: looked up by name when a batch runs, so
         # sdk/ never imports it (tests/test_layering.py) and plain imports never load Temporal.
         run_taskset = importlib.import_module(DURABLE_EXECUTOR).run_taskset
-
+        runtime = resolve_placement(runtime, self)
+        check_taskset_flags(self, group=Job.batch_group(group, job), runtime=runtime)
         return await run_taskset(  # type: ignore[no-any-return]
-            self, agent, runtime=resolve_placement(runtime, self), group=group,
+            self, agent, runtime=runtime, group=group,
             max_concurrent=max_concurrent, job=job, rollout_timeout=rollout_timeout, temporal=temporal, retries=retries,
             on_error=on_error, **kwargs,
         )
@@ -237,8 +244,10 @@ class Taskset:
         finished batch stays open for consumers that lag), ``policy_version``, ``worker``.
         """
         start_live = importlib.import_module(LIVE_JOBS).start_live
+        runtime = resolve_placement(runtime, self)
+        check_taskset_flags(self, group=Job.batch_group(group, None), runtime=runtime)
         return await start_live(
-            self, agent, runtime=resolve_placement(runtime, self), group=group,
+            self, agent, runtime=runtime, group=group,
             max_concurrent=max_concurrent, temporal=temporal, max_in_flight=max_in_flight, max_staleness=max_staleness,
             on_error=on_error, retries=retries, **kwargs)
 
