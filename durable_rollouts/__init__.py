@@ -33,6 +33,7 @@ if TYPE_CHECKING:
     from .runtimes.modal import ModalRuntime
     from .runtimes.ssh import SSHRuntime
     from .sdk.run import Run
+    from .sdk.atom import rollout
     from .sdk.taskset import Taskset
 
 __all__ = [
@@ -60,6 +61,7 @@ __all__ = [
     "Taskset",
     "Trace",
     "file_tracking_observer",
+    "rollout",
     "session",
 ]
 
@@ -88,6 +90,7 @@ _WHERE = {
     "Taskset": "durable_rollouts.sdk.taskset",
     "Trace": "durable_rollouts.models",
     "file_tracking_observer": "durable_rollouts.sdk.file_tracking",
+    "rollout": "durable_rollouts.sdk.atom",
     "session": "durable_rollouts.sdk.lifetime",
 }
 

@@ -201,6 +201,16 @@ class Task(BaseModel):
                         raise ValueError(f"unknown task field {key!r} (did you mean {guess!r}?)")
         return data
 
+    async def run(self, agent: Any, runtime: Any = None, **options: Any) -> Any:
+        """Run this row once, durably, and return the Job (seeds 002/004: ``await task.run(agent)``).
+
+        A batch of one through ``Taskset.run``; ``runtime=None`` serves the row from the env
+        file it names, and ``options`` are ``Taskset.run``'s (``group``, ``temporal`` ...).
+        """
+        import durable_rollouts  # the package root's lazy names: no import edge to sdk/
+
+        return await durable_rollouts.Taskset(self.id, [self]).run(agent, runtime=runtime, **options)
+
     @model_validator(mode="after")
     def _derive_slug(self) -> Task:
         if not self.slug:
@@ -305,6 +315,11 @@ class Grade(_Model):
             raw=dict(frame),
             subscores=subs,
         )
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Grade:
+        """HUD's name of :meth:`from_frame` (a ``tasks.grade`` result dict)."""
+        return cls.from_frame(data)
 
     @classmethod
     def error(cls, message: str, raw: dict[str, Any] | None = None) -> Grade:

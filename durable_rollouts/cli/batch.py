@@ -266,6 +266,7 @@ async def run_batch(opts: RunOptions, out: Console, err: Console) -> int:
     from durable_rollouts.temporal.batches import check_policy, start_job
     from durable_rollouts.temporal.connection import resolve_address
     from ..sdk.validation import validate_batch
+    from ..sdk.taskset_hooks import check_taskset_flags
     from .specs import check_sources, load_agent_spec, load_tasks, parse_runtime
 
     check_output(opts.output, opts.as_json, opts.export_format, opts.detach)
@@ -275,6 +276,7 @@ async def run_batch(opts: RunOptions, out: Console, err: Console) -> int:
     agent = load_agent_spec(opts.agent, opts.agent_config)
     runtime = parse_runtime(opts.runtime)
     check_sources(taskset, runtime)
+    check_taskset_flags(taskset, group=opts.group, runtime=runtime)
     validate_batch(
         list(taskset),
         runtime=runtime,

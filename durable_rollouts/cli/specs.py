@@ -30,7 +30,7 @@ __all__ = [
 
 RUNTIME_KINDS = (
     "local[:ENV.py], subprocess[:ENV.py], docker:IMAGE, modal:IMAGE, daytona:SNAPSHOT, hud[:ENV], "
-    "ssh://USER@HOST[:PORT]/WORKDIR, tcp://HOST:PORT"
+    "ssh://USER@HOST[:PORT]/WORKDIR, tcp://HOST:PORT, or MODULE:ATTR (any provider callable)"
 )
 
 
@@ -153,6 +153,26 @@ def _ssh_runtime(spec: str) -> Any:
     return cls(parsed.hostname, parsed.username, key, port=port, workdir=workdir, **query)
 
 
+def _imported_provider(module: str, attr: str) -> Any:
+    """``--runtime MODULE:ATTR``: a provider object or any ``(task) -> async context manager``
+    (workers elsewhere import it by the same path)."""
+    from ..runtimes.base import DurableProvider
+    from ..runtimes.callables import CallableProvider
+
+    add_cwd_to_path()
+    try:
+        obj: Any = importlib.import_module(module)
+        for part in attr.split("."):
+            obj = getattr(obj, part)
+    except Exception as exc:
+        raise ConfigError(f"--runtime {module}:{attr}: cannot import it: {type(exc).__name__}: "
+                          f"{exc} (is its folder on PYTHONPATH?)") from None
+    if not callable(obj):
+        raise ConfigError(f"--runtime {module}:{attr} is a {type(obj).__name__}, not a provider "
+                          "((task) -> async context manager yielding a Runtime)")
+    return obj if isinstance(obj, DurableProvider) else CallableProvider(obj, path=f"{module}:{attr}")
+
+
 def parse_runtime(spec: str) -> Any:
     """Build the provider named by ``spec`` (see :data:`RUNTIME_KINDS`)."""
     from ..runtimes import LocalRuntime, Runtime, SubprocessRuntime
@@ -189,6 +209,8 @@ def parse_runtime(spec: str) -> Any:
         return _optional_provider("daytona", "DaytonaRuntime", "daytona")(rest)
     if kind == "hud":
         return _optional_provider("hud", "HUDRuntime", "hud")(environment=rest or None)
+    if rest and all(part.isidentifier() for part in (*kind.split("."), *rest.split("."))):
+        return _imported_provider(kind, rest)
     raise ConfigError(f"unknown runtime {spec!r}; use one of: {RUNTIME_KINDS}")
 
 

@@ -94,6 +94,10 @@ class Capability(BaseModel):
     url: str
     params: dict[str, Any] = Field(default_factory=dict)
 
+    def __call__(self, name: str | None = None) -> Capability:
+        """This capability, published as ``name`` (HUD's ``ws.capability("shell")``)."""
+        return self if name in (None, self.name) else self.model_copy(update={"name": name})
+
     def manifest(self) -> dict[str, Any]:
         """The binding dict sent to clients."""
         return self.model_dump()

@@ -12,6 +12,7 @@ the client or anything under ``sdk``.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import inspect
 import json
@@ -92,7 +93,7 @@ class Template:
                 continue
             if param.kind is inspect.Parameter.VAR_POSITIONAL:
                 continue
-            self._adapters[name] = TypeAdapter(hints.get(name, Any))
+            self._adapters[name] = _adapter(hints.get(name, Any))
         self._answer_adapter: TypeAdapter[Any] | None = (
             TypeAdapter(returns) if returns is not None else None
         )
@@ -170,6 +171,34 @@ class Template:
         schema.pop("title", None)
         schema["additionalProperties"] = self.var_kwargs
         return schema
+
+
+_ADAPTERS: dict[Any, TypeAdapter[Any]] = {}  # plain annotations (str, int | None ...) -> adapter
+
+
+def _adapter(annotation: Any) -> TypeAdapter[Any]:
+    """A TypeAdapter, shared for annotations made of builtins and typing only (a file loaded per
+    rollout builds its templates again: ``str`` need not be compiled each time; its own classes
+    are new objects each load, so they are never cached)."""
+    if not _plain(annotation):
+        return TypeAdapter(annotation)
+    found = _ADAPTERS.get(annotation)
+    if found is None:
+        found = _ADAPTERS[annotation] = TypeAdapter(annotation)
+    return found
+
+
+def _plain(annotation: Any) -> bool:
+    if annotation is Any or annotation is None or annotation is type(None):
+        return True
+    if getattr(annotation, "__module__", None) not in ("builtins", "typing", "types"):
+        return False
+    try:
+        hash(annotation)
+    except TypeError:
+        return False
+    return all(_plain(arg) if not isinstance(arg, (str, int, float, bool, bytes)) else True
+               for arg in typing.get_args(annotation))
 
 
 class _LenientSchema(GenerateJsonSchema):
@@ -256,7 +285,8 @@ class Environment:
             yield 1.0 if str(word.count(letter)) in (answer or "") else 0.0
     """
 
-    def __init__(self, name: str = "environment", *, version: str = "0.0.1") -> None:
+    def __init__(self, name: str = "environment", *, version: str = "0.0.1",
+                 capabilities: typing.Sequence[Capability] = ()) -> None:
         self.name = name
         self.version = version
         self.templates: dict[str, Template] = {}
@@ -265,6 +295,8 @@ class Environment:
         self._capabilities: dict[str, Capability] = {}
         self.started = False
         self.source = _caller_file()
+        for capability in capabilities:  # published from the start (HUD's capabilities=)
+            self.add_capability(capability)
 
     # -- declarations --------------------------------------------------------------------------
 
@@ -371,10 +403,21 @@ class Environment:
         self.started = True
 
     async def stop(self) -> None:
-        """Run the shutdown hooks in reverse order; errors are logged, never raised."""
+        """Run the shutdown hooks in reverse order; errors are logged, never raised.
+
+        A hook that awaits a task it has just cancelled ends in CancelledError (the seeds' MCP
+        example does: ``suppress(Exception)`` does not catch it). Unless whoever called ``stop``
+        is itself being cancelled, that is the hook's own failure: logged like any other.
+        """
         for hook in reversed(self._shutdown):
             try:
                 await _call_hook(hook)
+            except asyncio.CancelledError:
+                current = asyncio.current_task()
+                if current is None or current.cancelling():
+                    raise  # our caller is being cancelled: honour it
+                log.warning("shutdown hook %s ended in CancelledError (it awaited a task it "
+                            "cancelled?); the other hooks still run", _hook_name(hook))
             except Exception:
                 log.exception("shutdown hook %s failed", _hook_name(hook))
         self.started = False

@@ -19,6 +19,7 @@ import importlib
 import importlib.abc
 import importlib.machinery
 import importlib.util
+import itertools
 import sys
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -29,7 +30,7 @@ from ..errors import ConfigError
 from ..hud_detect import is_hud_environment, missing_hud
 from .environment import Environment
 
-__all__ = ["import_file", "load_environment"]
+__all__ = ["forget_fresh", "import_file", "load_environment"]
 
 
 class _FolderFinder(importlib.abc.MetaPathFinder):
@@ -59,9 +60,13 @@ def _siblings_importable(folder: Path) -> Iterator[None]:
         sys.meta_path.remove(finder)
 
 
+_CODE: dict[tuple[Path, int, int], Any] = {}  # (path, mtime, size) -> its compiled code
+
+
 def import_file(path: Path, module_name: str) -> ModuleType:
     """Run the Python file ``path`` as module ``module_name`` (kept in ``sys.modules``); its
-    sibling modules are importable while it runs.
+    sibling modules are importable while it runs. Its compiled code is kept per process, for a
+    file loaded once per rollout.
 
     Raises:
         ConfigError: ``path`` cannot be imported at all.
@@ -74,7 +79,7 @@ def import_file(path: Path, module_name: str) -> ModuleType:
     sys.modules[module_name] = module
     try:
         with _siblings_importable(path.parent):
-            spec.loader.exec_module(module)
+            exec(_code(path, spec.loader), module.__dict__)
     except BaseException as exc:
         sys.modules.pop(module_name, None)
         no_hud = missing_hud(exc, str(path))
@@ -84,14 +89,44 @@ def import_file(path: Path, module_name: str) -> ModuleType:
     return module
 
 
-def _import_env_file(path: Path) -> ModuleType:
-    module_name = f"_rollouts_env_{abs(hash(str(path)))}"
+def _code(path: Path, loader: Any) -> Any:
+    stat = path.stat()
+    key = (path, stat.st_mtime_ns, stat.st_size)
+    code = _CODE.get(key)
+    if code is None:
+        code = _CODE[key] = loader.get_code(loader.name)
+    return code
+
+
+def _import_env_name(path: Path) -> str:
+    return f"_rollouts_env_{abs(hash(str(path)))}"
+
+
+def _import_env_file(path: Path, fresh: bool = False) -> ModuleType:
+    module_name = _import_env_name(path)
+    if fresh:  # run the file again as a module of its own; what it imports stays cached
+        return import_file(path, f"{module_name}_{next(_FRESH)}")
     return sys.modules.get(module_name) or import_file(path, module_name)
 
 
-def load_environment(target: str, name: str | None = None) -> Any:
+_FRESH = itertools.count(1)
+_FRESH_MODULES: dict[int, str] = {}  # id(env) -> the module a fresh load ran
+
+
+def forget_fresh(env: Any) -> None:
+    """Drop the module a ``fresh=True`` load of ``env`` ran (its rollout is over)."""
+    module_name = _FRESH_MODULES.pop(id(env), None)
+    if module_name is not None:
+        sys.modules.pop(module_name, None)
+
+
+def load_environment(target: str, name: str | None = None, *, fresh: bool = False) -> Any:
     """Load the environment defined by ``target`` (a ``.py`` path, ``module`` or ``module:attr``):
     an :class:`Environment`, or a HUD v6 ``hud.Environment``.
+
+    ``fresh=True`` runs a ``.py`` file again (a new Environment, its own module globals) instead
+    of reusing the module loaded before; the modules the file imports stay cached. Modules named
+    by import path are always the cached one.
 
     Raises:
         ConfigError: the target cannot be found or defines no (or several, without ``name``)
@@ -103,7 +138,7 @@ def load_environment(target: str, name: str | None = None) -> Any:
         if not path.is_file():
             raise ConfigError(f"environment file not found: {target}")
         path = path.resolve()
-        module = _import_env_file(path)
+        module = _import_env_file(path, fresh)
         source: str | None = str(path)
     else:
         module_name, _, attr = target.partition(":")
@@ -122,6 +157,8 @@ def load_environment(target: str, name: str | None = None) -> Any:
         env = _pick(module, target, name)
     if source is not None and isinstance(env, Environment) and env.source is None:
         env.source = source
+    if fresh and module.__name__ != _import_env_name(path):
+        _FRESH_MODULES[id(env)] = module.__name__
     return env
 
 

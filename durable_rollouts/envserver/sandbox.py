@@ -45,13 +45,28 @@ PROBE_TIMEOUT_S = 10
 Isolation = Literal["auto", "bwrap", "none"]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, init=False)
 class Mount:
-    """An extra bind mount inside the sandbox (read-only unless ``writable``)."""
+    """An extra bind mount inside the sandbox (read-only unless ``writable``).
+
+    ``Mount(source, target, writable=False)``, or HUD's form ``Mount("ro", src=..., dst=...)``
+    (kinds ``ro`` and ``rw``/``bind``; HUD's tmpfs, proc, dev and symlink kinds are not here).
+    """
 
     source: str
     target: str
     writable: bool = False
+
+    def __init__(self, source: str, target: str | None = None, writable: bool = False, *,
+                 src: str | None = None, dst: str | None = None) -> None:
+        if src is not None or dst is not None:  # HUD's Mount(kind, src=, dst=)
+            if source not in ("ro", "rw", "bind") or target is not None:
+                raise ValueError(f"Mount({source!r}, src=, dst=): only the 'ro', 'rw' and 'bind' "
+                                 "kinds are supported")
+            source, target, writable = str(src or dst), str(dst or src), source != "ro"
+        object.__setattr__(self, "source", str(source))
+        object.__setattr__(self, "target", str(source if target is None else target))
+        object.__setattr__(self, "writable", bool(writable))
 
     @classmethod
     def parse(cls, spec: Mount | str | tuple[str, str] | dict[str, Any]) -> Mount:

@@ -131,6 +131,10 @@ class Workspace:
         hide: host paths that must stay invisible even if they lie under a system directory.
         timeout_s: a command running longer is killed (exit status 124).
         isolation: ``auto`` (bwrap if it works), ``bwrap`` (required) or ``none``.
+        host, port: where the ssh server listens (default: loopback, an ephemeral port).
+
+    Once started, ``ws.capability`` is the published Capability; ``ws.capability("shell")``
+    (HUD's form) gives it under that name.
     """
 
     def __init__(
@@ -145,6 +149,8 @@ class Workspace:
         timeout_s: float = 300.0,
         isolation: Isolation = "auto",
         shell: str = "bash",
+        host: str = "127.0.0.1",
+        port: int = 0,
     ) -> None:
         if isolation not in ("auto", "bwrap", "none"):
             raise ValueError(f"isolation must be 'auto', 'bwrap' or 'none', not {isolation!r}")
@@ -158,6 +164,7 @@ class Workspace:
         self.timeout_s = timeout_s
         self.requested_isolation: Isolation = isolation
         self.shell = shell
+        self.host, self.port = host, port
         self._root_arg = Path(root).resolve() if root is not None else None
         self.root: Path | None = self._root_arg
         self.isolation: Literal["bwrap", "none"] | None = None
@@ -185,8 +192,8 @@ class Workspace:
         client_public = client_key.convert_to_public()
         self._acceptor = await asyncssh.create_server(
             lambda: _SSHServer(self.user, client_public, self._conns),
-            "127.0.0.1",
-            0,
+            self.host,
+            self.port,
             server_host_keys=[host_key],
             process_factory=self._handle,
             encoding=None,
@@ -199,7 +206,7 @@ class Workspace:
         port = self._acceptor.sockets[0].getsockname()[1]
         self.capability = Capability.ssh(
             name=self.name,
-            url=f"ssh://{self.user}@127.0.0.1:{port}",
+            url=f"ssh://{self.user}@{_reachable(self.host)}:{port}",
             user=self.user,
             host_pubkey=host_key.export_public_key().decode().strip(),
             client_key=client_key.export_private_key().decode(),
@@ -309,6 +316,11 @@ class Workspace:
             timeout_s=self.timeout_s,
             running=self._procs,
         )
+
+
+def _reachable(host: str) -> str:
+    """The address a client on this host dials for a server bound to ``host``."""
+    return "127.0.0.1" if host in ("", "0.0.0.0", "::") else host
 
 
 def add_workspace(

@@ -44,6 +44,7 @@ _KINDS: dict[str, Callable[[dict[str, Any]], DurableProvider]] = {
     "modal": _lazy("modal", "ModalRuntime"),
     "daytona": _lazy("daytona", "DaytonaRuntime"),
     "hud": _lazy("hud", "HUDRuntime"),
+    "callable": _lazy("callables", "CallableProvider"),  # any (task) -> async context manager
 }
 
 

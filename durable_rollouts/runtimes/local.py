@@ -1,7 +1,9 @@
 """``LocalRuntime``: serve the environment inside the current process.
 
-Each Environment object is served once, on a loopback port, from a background task of the
-running event loop, and shared by the acquisitions that resolve to it (reference-counted; an
+Each rollout gets an Environment of its own, served on a loopback port from a background task
+of the running event loop (``local_own``: a path is loaded per rollout, a callable called per
+rollout, a live object lent to one rollout at a time). With ``shared=True`` each Environment
+object is served once and shared by the acquisitions that resolve to it (reference-counted; an
 env file is imported once per process, so all its rollouts share one server, each in its own
 session). A registry keyed by rollout id makes ``acquire`` and
 ``release`` idempotent. Endpoints only work in this process (locality ``process``). Imports
@@ -23,6 +25,7 @@ from typing import Any, ClassVar
 from ..errors import ConfigError, EnvError, ProviderError
 from ..models import Endpoint, ProviderSpec, Task
 from .base import DurableProvider, Locality
+from .local_own import finish, serve_alone
 
 __all__ = ["LocalRuntime"]
 
@@ -35,6 +38,8 @@ class _Served:
     loop: asyncio.AbstractEventLoop
     env_id: int
     keys: set[str] = field(default_factory=set)
+    alone: bool = False  # one rollout's own server (local_own), not a shared one
+    after: list[Callable[[], None]] = field(default_factory=list)  # once it has stopped
 
     def alive(self) -> bool:
         try:
@@ -56,9 +61,12 @@ class LocalRuntime(DurableProvider):
     Args:
         source: an ``env.py`` path (or ``module[:attr]``) used for rows whose ``source`` names
             no existing file; a live ``Environment``; or a callable ``task -> Environment``.
-            None uses each task's ``source``.
+            None uses each task's ``source``. A file is loaded per rollout, a callable called
+            per rollout, and a live Environment serves one rollout at a time.
         env_name: which environment of the file to serve (default: the task's ``env``).
         ready_timeout: seconds the environment may take to start.
+        shared: serve each Environment once for all concurrent rollouts (initialize runs once;
+            rollouts see each other's module state) instead of one per rollout.
     """
 
     kind: ClassVar[str] = "local"
@@ -67,12 +75,13 @@ class LocalRuntime(DurableProvider):
     honours: ClassVar[frozenset[str]] = frozenset({"limits.startup_timeout_s"})
 
     def __init__(self, source: Any = None, *, env_name: str | None = None,
-                 ready_timeout: float = 60.0) -> None:
+                 ready_timeout: float = 60.0, shared: bool = False) -> None:
         from ..envserver import Environment  # lazy: serving needs it, importing this does not
         from ..hud_detect import is_hud_environment
 
         self.env_name = env_name
         self.ready_timeout = ready_timeout
+        self.shared = shared
         self.path: str | None = None
         self.live: Any = None
         self.factory: Callable[[Task], Any] | None = None
@@ -100,6 +109,8 @@ class LocalRuntime(DurableProvider):
                 "the env file instead, e.g. LocalRuntime('env.py')"
             )
         options: dict[str, Any] = {"ready_timeout": self.ready_timeout}
+        if self.shared:
+            options["shared"] = True
         if self.env_name:
             options["env_name"] = self.env_name
         if self.factory is not None:
@@ -131,7 +142,8 @@ class LocalRuntime(DurableProvider):
                 raise ConfigError("this LocalRuntime serves a live object that only exists in the "
                                   "process that created it; pass the env file path instead")
             return found
-        kw = {"env_name": options.get("env_name"), "ready_timeout": options.get("ready_timeout", 60.0)}
+        kw = {"env_name": options.get("env_name"), "ready_timeout": options.get("ready_timeout", 60.0),
+              "shared": bool(options.get("shared", False))}
         if "factory" in options:
             module_name, _, qualname = str(options["factory"]).partition(":")
             try:
@@ -149,8 +161,12 @@ class LocalRuntime(DurableProvider):
         self.check_config(task.runtime_config, what=f"task {task.slug}")
         served = _BY_KEY.get(key)
         if served is None or not served.alive():
+            if served is not None:  # its server died: give its environment back first
+                finish(served)
             env = self.live if self.live is not None else await self._environment_for(task)
-            served = await _share(env, self._ready_timeout(task))
+            timeout = self._ready_timeout(task)
+            served = (await _share(env, timeout) if self.shared
+                      else await serve_alone(env, lambda: _start(env, timeout, alone=True)))
             served.keys.add(key)
             _BY_KEY[key] = served
         # keep: only this process serves it, so each step may leave its connection open for the
@@ -163,6 +179,9 @@ class LocalRuntime(DurableProvider):
         if served is None:
             return
         served.keys.discard(endpoint.key)
+        if served.alone:
+            await _stop(served)
+            return
         if not served.alive():
             if _SHARED.get(served.env_id) is served:
                 del _SHARED[served.env_id]
@@ -173,11 +192,7 @@ class LocalRuntime(DurableProvider):
                 return  # the environment still serves other rollouts
             if _SHARED.get(served.env_id) is served:
                 del _SHARED[served.env_id]
-            served.stop.set()
-            try:
-                await asyncio.wait_for(asyncio.shield(served.runner), 10.0)
-            except (asyncio.TimeoutError, Exception):  # stop is best effort; never fail teardown
-                served.runner.cancel()
+            await _stop(served)
 
     # -- helpers --------------------------------------------------------------------------
 
@@ -199,7 +214,7 @@ class LocalRuntime(DurableProvider):
             if not target:
                 raise ConfigError(f"LocalRuntime has no source and task {task.slug} names none")
             try:
-                env = load_environment(str(target), self.env_name or task.env)
+                env = load_environment(str(target), self.env_name or task.env, fresh=not self.shared)
             except ConfigError:
                 raise
             except Exception as exc:
@@ -240,7 +255,18 @@ def _lock_for(env_id: int) -> asyncio.Lock:
     return _LOCKS.setdefault((env_id, id(asyncio.get_running_loop())), asyncio.Lock())
 
 
-async def _start(env: Any, timeout: float) -> _Served:
+async def _stop(served: _Served) -> None:
+    """Stop a server (its shutdown hooks run), then run its ``after`` callbacks."""
+    if served.alive():
+        served.stop.set()
+        try:
+            await asyncio.wait_for(asyncio.shield(served.runner), 10.0)
+        except (asyncio.TimeoutError, Exception):  # stop is best effort; never fail teardown
+            served.runner.cancel()
+    finish(served)
+
+
+async def _start(env: Any, timeout: float, *, alone: bool = False) -> _Served:
     """Serve ``env`` from a background task until its stop event is set."""
     from ..envserver import serving
 
@@ -275,4 +301,4 @@ async def _start(env: Any, timeout: float) -> _Served:
         raise
     except Exception as exc:
         raise EnvError(f"environment {getattr(env, 'name', '?')!r} failed to start: {exc}") from exc
-    return _Served(url=url, runner=task, stop=stop, loop=loop, env_id=id(env))
+    return _Served(url=url, runner=task, stop=stop, loop=loop, env_id=id(env), alone=alone)

@@ -40,6 +40,8 @@ from ..stores.tracestore import TraceStore
 from .agents import Agent, as_agent
 from .job import Job
 from .run import Run
+from .placement import resolve_placement
+from .taskset_hooks import check_taskset_flags
 from .validation import validate_batch
 
 if TYPE_CHECKING:
@@ -56,7 +58,7 @@ _BEFORE_LAUNCH = {"resolving", "provisioning", "connecting", "starting task"}
 MAX_ATTEMPTS = 3  # substrates per rollout, as the durable path's default ``max_attempts``
 
 
-async def run_direct(taskset: Taskset, agent: Agent | Any, runtime: DurableProvider, group: int | None = None,
+async def run_direct(taskset: Taskset, agent: Agent | Any, runtime: Any = None, group: int | None = None,
                      max_concurrent: int = 16, rollout_timeout: float | None = None, *,
                      job: Job | None = None, trace_store: TraceStore | None = None) -> Job:
     """Run every row ``group`` times, at most ``max_concurrent`` at once, and return the Job.
@@ -67,10 +69,10 @@ async def run_direct(taskset: Taskset, agent: Agent | Any, runtime: DurableProvi
     Raises:
         ConfigError: a setting that cannot work (checked before anything starts).
     """
-    if not isinstance(runtime, DurableProvider):
-        raise ConfigError(f"runtime must be a provider such as LocalRuntime(...), not {type(runtime).__name__}")
+    runtime = resolve_placement(runtime, taskset)  # a built-in, any provider callable, or the default
     agent = as_agent(agent)  # ours, or a HUD v6 agent (wrapped)
     group = Job.batch_group(group, job)
+    check_taskset_flags(taskset, group=group, runtime=runtime)
     validate_batch(taskset, runtime=runtime, group=group, max_concurrent=max_concurrent,
                    rollout_timeout=rollout_timeout, agent_timeout=agent.timeout_s)
     job = job if job is not None else Job(name=taskset.name, group=group, taskset=taskset.name)

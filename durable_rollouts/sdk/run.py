@@ -18,6 +18,7 @@ from ..models import (
     Grade,
     RetryAttempt,
     RolloutResult,
+    Step,
     Task,
     Trace,
     TraceRef,
@@ -191,6 +192,18 @@ class Run:
                 parts.append(str(content))
             return "\n".join(parts)
         return json.dumps(prompt, default=str)
+
+    @property
+    def prompt_messages(self) -> list[dict[str, Any]]:
+        """The prompt as chat messages: a string prompt becomes one user message."""
+        prompt = self.prompt.get("prompt", self.prompt) if isinstance(self.prompt, dict) else self.prompt
+        if isinstance(prompt, list):
+            return [m if isinstance(m, dict) else {"role": "user", "content": str(m)} for m in prompt]
+        return [{"role": "user", "content": self.prompt_text}]
+
+    def record(self, step: Step) -> None:
+        """Append ``step`` to the trace (HUD's ``run.record``; same as ``run.trace.record``)."""
+        self.trace.record(step)
 
     def binding(self, name: str) -> dict[str, Any]:
         """A binding by name; through the client (tunnelled url) when connected."""

@@ -23,10 +23,12 @@ from ..errors import ConfigError
 from ..hud_detect import is_hud_task, is_hud_taskset, missing_hud
 from ..models import Task
 from .hud_compat import task_from_hud
+from .job import Job
+from .placement import resolve_placement
+from .taskset_hooks import check_taskset_flags
 
 if TYPE_CHECKING:
     from .agents import Agent
-    from .job import Job
 
 __all__ = ["Taskset", "load_taskset", "register_taskset", "taskset_class_path"]
 
@@ -46,6 +48,11 @@ class Taskset:
     Raises:
         ConfigError: duplicate slugs, or a row that is not a Task.
     """
+
+    REQUIRES_GROUP_ROLLOUTS: bool = False
+    """``resolve_task`` binds state a whole group shares: single rollouts are refused."""
+    NEEDS_CONTAINER: bool = False
+    """The environment must run in a container: host runtimes (local, subprocess, ssh) are refused."""
 
     def __init__(self, name: str, tasks: Iterable[Task | dict[str, Any] | Any] = ()) -> None:
         self.name = name
@@ -125,7 +132,7 @@ class Taskset:
 
     @classmethod
     def from_file(cls, path: str | Path, name: str | None = None) -> Taskset:
-        """Load rows from a ``.py`` module, a ``.json`` file or a ``.jsonl`` file.
+        """Load rows from a ``.py`` module, a directory of them, a ``.json`` or a ``.jsonl`` file.
 
         A ``.py`` file is imported and scanned for ``Task`` objects (HUD v6 ``hud.eval.Task``
         rows too), ``Taskset`` objects and lists/tuples of tasks (a lone Taskset keeps its name).
@@ -135,6 +142,12 @@ class Taskset:
         path = Path(path)
         if not path.exists():
             raise ConfigError(f"taskset file not found: {path}")
+        if path.is_dir():  # every .py in it, as HUD's from_file(directory)
+            files = [f for f in sorted(path.glob("*.py")) if f.stem not in _SKIP_STEMS]
+            found = [t for f in files for t in _scan_module(f, required=False)[1]]
+            if not found:
+                raise ConfigError(f"{path}: no .py file in it defines a Task, Taskset or list of tasks")
+            return cls(name or path.name, found)
         suffix = path.suffix.lower()
         if suffix == ".py":
             lone, rows = _scan_module(path)
@@ -188,7 +201,7 @@ class Taskset:
 
     # -- running --------------------------------------------------------------------------
 
-    async def run(self, agent: Agent, *, runtime: Any, group: int | None = None, max_concurrent: int = 16,
+    async def run(self, agent: Agent, *, runtime: Any = None, group: int | None = None, max_concurrent: int = 16,
                   job: Job | None = None, rollout_timeout: float | None = None,
                   temporal: Any = None, retries: int = 0, on_error: str = "keep",
                   **kwargs: Any) -> Job:
@@ -199,19 +212,22 @@ class Taskset:
         attempts recorded); ``on_error`` then decides about an error that is left: ``"keep"``
         (default), ``"drop_group"`` (the whole group gets ``dropped=True`` and leaves the stats)
         or ``"fail"`` (cancel the rest of the batch; every substrate is still torn down).
+        ``runtime``: a built-in provider, or any ``(task) -> async context manager yielding a
+        Runtime``; None serves each row from the env file that declares it, per rollout.
         """
         # The durable executor is the Temporal layer: looked up by name when a batch runs, so
         # sdk/ never imports it (tests/test_layering.py) and plain imports never load Temporal.
         run_taskset = importlib.import_module(DURABLE_EXECUTOR).run_taskset
-
+        runtime = resolve_placement(runtime, self)
+        check_taskset_flags(self, group=Job.batch_group(group, job), runtime=runtime)
         return await run_taskset(  # type: ignore[no-any-return]
-            self, agent, runtime=runtime, group=group, max_concurrent=max_concurrent,
-            job=job, rollout_timeout=rollout_timeout, temporal=temporal, retries=retries,
+            self, agent, runtime=runtime, group=group,
+            max_concurrent=max_concurrent, job=job, rollout_timeout=rollout_timeout, temporal=temporal, retries=retries,
             on_error=on_error, **kwargs,
         )
 
 
-    async def start(self, agent: Agent, *, runtime: Any, group: int | None = None,
+    async def start(self, agent: Agent, *, runtime: Any = None, group: int | None = None,
                     max_concurrent: int = 16, temporal: Any = None, max_in_flight: int | None = None,
                     max_staleness: int | None = None, on_error: str = "keep", retries: int = 0,
                     **kwargs: Any) -> Any:
@@ -229,10 +245,15 @@ class Taskset:
         finished batch stays open for consumers that lag), ``policy_version``, ``worker``.
         """
         start_live = importlib.import_module(LIVE_JOBS).start_live
+        runtime = resolve_placement(runtime, self)
+        check_taskset_flags(self, group=Job.batch_group(group, None), runtime=runtime)
         return await start_live(
-            self, agent, runtime=runtime, group=group, max_concurrent=max_concurrent,
-            temporal=temporal, max_in_flight=max_in_flight, max_staleness=max_staleness,
+            self, agent, runtime=runtime, group=group,
+            max_concurrent=max_concurrent, temporal=temporal, max_in_flight=max_in_flight, max_staleness=max_staleness,
             on_error=on_error, retries=retries, **kwargs)
+
+
+_SKIP_STEMS = frozenset({"conftest", "setup", "__init__", "__main__"})  # not tasks in a directory
 
 
 def _as_task(row: Any, source: str | None = None) -> Task:
@@ -252,7 +273,7 @@ def _is_row(value: Any) -> bool:
     return isinstance(value, Task) or is_hud_task(value)
 
 
-def _scan_module(path: Path) -> tuple[Taskset | None, list[Task]]:
+def _scan_module(path: Path, required: bool = True) -> tuple[Taskset | None, list[Task]]:
     """Import ``path`` and collect its tasks (in definition order, identical rows once)."""
     from ..envserver.loader import import_file  # lazily: only a .py taskset needs it
 
@@ -282,7 +303,7 @@ def _scan_module(path: Path) -> tuple[Taskset | None, list[Task]]:
         if seen is not None and seen != task:
             raise ConfigError(f"{path}: two different tasks share slug {task.slug!r}")
         unique.setdefault(task.slug, task)
-    if not unique:
+    if not unique and required:
         raise ConfigError(f"{path} defines no Task, Taskset or list of tasks")
     return (tasksets[0] if len(tasksets) == 1 else None), list(unique.values())
 

@@ -1,0 +1,48 @@
+"""Which provider a batch runs on: the ``runtime=`` a caller passed, or seed 001's default.
+
+``runtime=None`` resolves as seed 001 lists: rows that name the ``.py`` file declaring their
+environment (a taskset loaded from ``.py`` source, or rows made by calling a template of an
+imported module: a template's rows carry its file) are served from that file, freshly per
+rollout (``LocalRuntime()``). Anything else is an error naming the forms to pass. Any other
+``runtime`` goes through :func:`~.providers.callables.as_provider`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from ..errors import ConfigError
+from ..models import Task
+from ..runtimes.base import DurableProvider
+from ..runtimes.callables import as_provider
+from ..runtimes.local import LocalRuntime
+
+__all__ = ["resolve_placement"]
+
+FORMS = ("runtime=LocalRuntime('env.py'), SubprocessRuntime('env.py'), DockerRuntime(image), "
+         "Runtime('tcp://host:port'), or any (task) -> async context manager yielding a Runtime")
+
+
+def resolve_placement(runtime: Any, rows: Iterable[Task]) -> DurableProvider:
+    """The provider for a batch of ``rows``.
+
+    Raises:
+        ConfigError: ``runtime`` is None and some row names no env file; or ``runtime`` is not
+            a provider.
+    """
+    if runtime is not None:
+        return as_provider(runtime)
+    homeless = [t.slug for t in rows if not _served_from_file(t)]
+    if homeless:
+        shown = ", ".join(homeless[:3]) + (" ..." if len(homeless) > 3 else "")
+        raise ConfigError(f"no runtime given and row(s) {shown} name no env.py file to serve "
+                          f"them from; pass {FORMS}")
+    return LocalRuntime()
+
+
+def _served_from_file(task: Task) -> bool:
+    rows = [task] if task.verifier is None else [task, task.verifier]
+    return all(bool(r.source) and str(r.source).endswith(".py") and Path(str(r.source)).is_file()
+               for r in rows)

@@ -1,0 +1,1 @@
+LOADS: list[int] = []  # one entry per initialize, across every fresh load of group_state.py
