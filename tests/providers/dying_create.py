@@ -5,53 +5,74 @@ waits until the provider (the real Docker engine behind a holding proxy, or a st
 create was received and its answer is being held, SIGKILLs that worker, starts a second one and
 waits for the batch. The provision retried on the second worker must find what the first attempt
 made (named or labelled after the rollout key) and adopt or remove it before making anything new.
-:class:`LiveCount` is how a stand-in counts substrates per rollout key at every moment.
+:func:`lifetimes` reads a stand-in's ``made|gone KEY ID`` lines: substrates made per rollout
+key and the most alive at once. The test modules import ``temporal_address`` and ``client``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
-import threading
 import time
 import uuid
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from temporal_helpers import WorkerProcess
+import pytest
+from temporal_helpers import DevServer, WorkerProcess
 
 from durable_rollouts.sdk.job import Job
 from durable_rollouts.sdk.taskset import Taskset
-from durable_rollouts.temporal.batches import start_job
+from durable_rollouts.temporal.batches import shutdown_embedded, start_job
+from durable_rollouts.temporal.connection import connect_client
 
 HERE = Path(__file__).resolve().parent
 TEMPORAL_TESTS = HERE.parent / "temporal"
 
 
+@pytest.fixture(scope="module")
+def temporal_address(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A real ``temporal server start-dev`` for the module (import this fixture by name)."""
+    server = DevServer(tmp_path_factory.mktemp("temporal") / "temporal.db")
+    server.start()
+    yield server.address
+    server.stop()
+
+
+@pytest.fixture
+async def client(temporal_address: str) -> AsyncIterator[object]:
+    yield await connect_client(temporal_address)
+    await shutdown_embedded()
+
+
 @dataclass
-class LiveCount:
-    """Substrates alive per rollout key, and the most ever alive at once per key (thread-safe)."""
+class Lifetimes:
+    """Substrates made (the key of each), the most alive at once per key, how many are alive."""
 
-    live: dict[str, int] = field(default_factory=dict)
-    most: dict[str, int] = field(default_factory=dict)
-    made: list[str] = field(default_factory=list)  # the key of every substrate ever made
-    _lock: threading.Lock = field(default_factory=threading.Lock)
+    made: list[str]
+    most: dict[str, int]
+    alive: int
 
-    def made_one(self, key: str) -> None:
-        with self._lock:
-            self.made.append(key)
-            self.live[key] = self.live.get(key, 0) + 1
-            self.most[key] = max(self.most.get(key, 0), self.live[key])
 
-    def gone(self, key: str) -> None:
-        with self._lock:
-            self.live[key] = self.live.get(key, 0) - 1
+def lifetimes(events: Iterable[tuple[str, str]]) -> Lifetimes:
+    """``(made|gone, key)`` pairs in the order they happened, as :class:`Lifetimes`."""
+    made: list[str] = []
+    live: dict[str, int] = {}
+    most: dict[str, int] = {}
+    for what, key in events:
+        live[key] = live.get(key, 0) + (1 if what == "made" else -1)
+        if what == "made":
+            made.append(key)
+            most[key] = max(most.get(key, 0), live[key])
+    return Lifetimes(made, most, sum(live.values()))
 
-    def left(self) -> int:
-        with self._lock:
-            return sum(n for n in self.live.values() if n > 0)
+
+def logged_lifetimes(log: Path) -> Lifetimes:
+    """A stand-in's ``events.log`` (lines ``made|gone KEY ID``) as :class:`Lifetimes`."""
+    lines = log.read_text().splitlines() if log.exists() else []
+    return lifetimes((line.split()[0], line.split()[1]) for line in lines)
 
 
 @dataclass

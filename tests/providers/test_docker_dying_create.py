@@ -11,19 +11,15 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
-from dying_create import run_with_a_dying_create
+from dying_create import Lifetimes, client, lifetimes, run_with_a_dying_create, temporal_address  # noqa: F401
 from substrates_support import ENV_IMAGE_DIR, KEY_LABEL, LoopThread
-from temporal_helpers import DevServer
 
 from durable_rollouts.envserver import load_environment
 from durable_rollouts.sdk.agents import FixedAgent
 from durable_rollouts.sdk.providers.docker import DockerRuntime
-from durable_rollouts.temporal.batches import shutdown_embedded
-from durable_rollouts.temporal.connection import connect_client
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
@@ -75,37 +71,14 @@ class HoldingProxy:
             engine_w.close()
 
 
-@pytest.fixture(scope="module")
-def temporal_address(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    server = DevServer(tmp_path_factory.mktemp("temporal") / "temporal.db")
-    server.start()
-    yield server.address
-    server.stop()
-
-
-@pytest.fixture
-async def client(temporal_address: str) -> AsyncIterator[object]:
-    yield await connect_client(temporal_address)
-    await shutdown_embedded()
-
-
-def _lifetimes(docker_client, since: float, job_id: str) -> tuple[list[str], dict[str, int], int]:  # type: ignore[no-untyped-def]
-    """From the engine's events: each container made (its key), the most alive at once per key,
-    and how many are alive now."""
+def _lifetimes(docker_client, since: float, job_id: str) -> Lifetimes:  # type: ignore[no-untyped-def]
+    """The job's containers from the engine's own create and destroy events."""
     events = docker_client.events(since=int(since) - 1, until=int(time.time()) + 1, decode=True,
                                   filters={"type": "container", "event": ["create", "destroy"]})
-    made, live, most = [], {}, {}  # type: ignore[var-annotated]
-    for e in sorted(events, key=lambda e: e["timeNano"]):
-        key = e["Actor"]["Attributes"].get(KEY_LABEL, "")
-        if not key.startswith(f"job-{job_id}"):
-            continue
-        if e["Action"] == "create":
-            made.append(key)
-            live[key] = live.get(key, 0) + 1
-            most[key] = max(most.get(key, 0), live[key])
-        else:
-            live[key] = live.get(key, 0) - 1
-    return made, most, sum(live.values())
+    ordered = sorted(events, key=lambda e: e["timeNano"])
+    keyed = [(e["Action"], e["Actor"]["Attributes"].get(KEY_LABEL, "")) for e in ordered]
+    return lifetimes(("made" if action == "create" else "gone", key) for action, key in keyed
+                     if key.startswith(f"job-{job_id}"))
 
 
 async def test_a_worker_killed_mid_create_leaves_one_container_per_rollout_and_none_after(
@@ -123,10 +96,10 @@ async def test_a_worker_killed_mid_create_leaves_one_container_per_rollout_and_n
         job_id = done.job.id
         assert [r.status for r in done.job.runs] == ["succeeded"] * 3, [r.error for r in done.job.runs]
         assert sorted(r.reward for r in done.job.runs) == [0.0, 0.0, 1.0]  # banana has 3
-        made, most, alive = _lifetimes(docker_client, since, job_id)
-        assert sorted(set(made)) == sorted(made) and len(made) == 3  # the held one was adopted
-        assert set(most.values()) == {1}  # never two containers for one rollout
-        assert alive == 0
+        seen = _lifetimes(docker_client, since, job_id)
+        assert len(seen.made) == len(set(seen.made)) == 3  # the held one was adopted
+        assert set(seen.most.values()) == {1}  # never two containers for one rollout
+        assert seen.alive == 0
         assert [c for c in docker_client.containers.list(all=True, filters={"label": KEY_LABEL})
                 if c.labels[KEY_LABEL].startswith(f"job-{job_id}")] == []
     finally:
