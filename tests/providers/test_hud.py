@@ -126,6 +126,8 @@ async def test_a_gateway_without_the_listing_gets_a_new_session(gateway):
     hud_module._TUNNELS.pop(key).close()
     second = await runtime.acquire(_task(), key)
     assert second.handle != first.handle and len(gateway.sessions) == 2
+    listings = [c for c in gateway.calls if c[0] == "GET" and c[1].startswith("/runtime/sessions")]
+    assert len(listings) == 1  # a gateway without the listing is not asked again
     await runtime.release(first)
     await runtime.release(second)
 

@@ -72,6 +72,8 @@ class _Tunnel:
 
 # Live listeners of this process, by rollout key (the reason for locality "process").
 _TUNNELS: dict[str, _Tunnel] = {}
+# Gateways (base urls) that answered the session listing 404/405/501: not asked again.
+_UNLISTED: set[str] = set()
 
 
 class HUDRuntime(DurableProvider):
@@ -204,8 +206,14 @@ class HUDRuntime(DurableProvider):
 
     async def _sessions_of(self, base: str, api_key: str, trace_id: str) -> list[str]:
         """The ids of the sessions created under ``trace_id`` ([] when the gateway cannot list)."""
+        if base in _UNLISTED:
+            return []
         body = await _call("GET", f"{base}/runtime/sessions?trace_id={trace_id}", api_key, None,
                            missing=_NO_LISTING)
+        if body is None:
+            _UNLISTED.add(base)
+            log.warning("HUD runtime gateway %s cannot list sessions: an acquire retried in "
+                        "another process opens a new session", base)
         items = body.get("items") if isinstance(body, dict) else body
         # Only items that name the trace id: a gateway ignoring the filter must not hand us
         # another rollout's session.
