@@ -77,7 +77,7 @@ def _warn_refused(reason: str) -> None:
         log.warning("workspace commands are REFUSED (no sandbox; isolation 'refused'): %s", reason)
 
 
-def refusal(name: str, reason: str) -> str:
+def _refusal(name: str, reason: str) -> str:
     """The one line an agent's command gets where bubblewrap cannot sandbox it."""
     return (f"workspace {name!r} refuses to run commands: bubblewrap cannot sandbox them on "
             f"this host ({reason}); to run them unsandboxed, the env passes isolation=\"none\" "
@@ -270,7 +270,7 @@ class Workspace:
         if requested == "bwrap":
             raise EnvError(f"workspace {self.name!r} requires bwrap isolation: {reason}")
         _warn_refused(reason)
-        self.refusal = refusal(self.name, reason)
+        self.refusal = _refusal(self.name, reason)
         return "refused"
 
     def sandbox_argv(self, command: Sequence[str], *, mounts: Iterable[Mount | str] = (),

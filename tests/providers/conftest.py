@@ -12,7 +12,7 @@ import hashlib
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 
 import pytest
 from substrates_support import ENV_IMAGE_DIR, KEY_LABEL, REPO, TEST_KEY_PREFIX
@@ -116,3 +116,23 @@ def test_image(docker_client: object) -> str:
     _prune_old_tags(docker_client, "durable-rollouts-test-env:", tag)
     _prune_old_tags(docker_client, "durable-rollouts-base:test-", base)
     return tag
+
+
+@pytest.fixture(scope="module")
+def temporal_address(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A real ``temporal server start-dev`` for the module's durable tests."""
+    from temporal_helpers import DevServer
+
+    server = DevServer(tmp_path_factory.mktemp("temporal") / "temporal.db")
+    server.start()
+    yield server.address
+    server.stop()
+
+
+@pytest.fixture
+async def client(temporal_address: str) -> AsyncIterator[object]:
+    from durable_rollouts.temporal.batches import shutdown_embedded
+    from durable_rollouts.temporal.connection import connect_client
+
+    yield await connect_client(temporal_address)
+    await shutdown_embedded()

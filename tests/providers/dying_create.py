@@ -5,8 +5,8 @@ waits until the provider (the real Docker engine behind a holding proxy, or a st
 create was received and its answer is being held, SIGKILLs that worker, starts a second one and
 waits for the batch. The provision retried on the second worker must find what the first attempt
 made (named or labelled after the rollout key) and adopt or remove it before making anything new.
-:func:`lifetimes` reads a stand-in's ``made|gone KEY ID`` lines: substrates made per rollout
-key and the most alive at once. The test modules import ``temporal_address`` and ``client``.
+:func:`lifetimes` counts ``(made|gone, key)`` events (the engine's, or a stand-in's): substrates
+made per rollout key, the most alive at once, how many are left. ``temporal_address`` and ``client`` come from conftest.py.
 """
 
 from __future__ import annotations
@@ -15,36 +15,19 @@ import asyncio
 import os
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import pytest
-from temporal_helpers import DevServer, WorkerProcess
+from temporal_helpers import WorkerProcess
 
 from durable_rollouts.sdk.job import Job
 from durable_rollouts.sdk.taskset import Taskset
-from durable_rollouts.temporal.batches import shutdown_embedded, start_job
-from durable_rollouts.temporal.connection import connect_client
+from durable_rollouts.temporal.batches import start_job
 
 HERE = Path(__file__).resolve().parent
 TEMPORAL_TESTS = HERE.parent / "temporal"
-
-
-@pytest.fixture(scope="module")
-def temporal_address(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """A real ``temporal server start-dev`` for the module (import this fixture by name)."""
-    server = DevServer(tmp_path_factory.mktemp("temporal") / "temporal.db")
-    server.start()
-    yield server.address
-    server.stop()
-
-
-@pytest.fixture
-async def client(temporal_address: str) -> AsyncIterator[object]:
-    yield await connect_client(temporal_address)
-    await shutdown_embedded()
 
 
 @dataclass

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
-from dying_create import Lifetimes, client, lifetimes, run_with_a_dying_create, temporal_address  # noqa: F401
+from dying_create import Lifetimes, lifetimes, run_with_a_dying_create
 from substrates_support import ENV_IMAGE_DIR, KEY_LABEL, LoopThread
 
 from durable_rollouts.envserver import load_environment

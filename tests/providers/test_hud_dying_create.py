@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from dying_create import client, lifetimes, run_with_a_dying_create, temporal_address  # noqa: F401
+from dying_create import lifetimes, run_with_a_dying_create
 from fake_hud import API_KEY, HUDStandIn
 from substrates_support import REPO
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from dying_create import client, logged_lifetimes, run_with_a_dying_create, temporal_address  # noqa: F401
+from dying_create import logged_lifetimes, run_with_a_dying_create
 from fake_modal import FakeModal
 from substrates_support import ENV_IMAGE_DIR
 
