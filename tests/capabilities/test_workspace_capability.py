@@ -226,6 +226,39 @@ async def test_without_bwrap_the_workspace_refuses_commands_naming_the_opt_out_a
             await ws.stop()
 
 
+@needs_bwrap
+async def test_a_bwrap_that_cannot_make_namespaces_gets_the_refusal_with_its_own_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The real bwrap, run inside a user namespace it cannot map (as on a host without
+    unprivileged user namespaces): the probe fails, commands are refused with bwrap's words."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    wrapper = bin_dir / "bwrap"
+    wrapper.write_text(f'#!/bin/sh\nexec {shutil.which("unshare")} --user {shutil.which("bwrap")} "$@"\n')
+    wrapper.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.delenv("ROLLOUTS_WORKSPACE_ISOLATION", raising=False)
+    ws = Workspace(tmp_path / "ws")
+    cap = await ws.start()
+    try:
+        assert cap.params["isolation"] == "refused"
+        env = Environment(name="plain")
+        env.add_capability(cap)
+        async with serving(env) as server, await connect(server.url, keepalive_s=None) as client:
+            conn = await open_capability(client, "shell")
+            try:
+                result = await _run(conn, "echo x > made.txt")
+            finally:
+                await close_capability(conn)
+        assert result.exit_status == workspace_module.REFUSED_EXIT_STATUS
+        assert "bwrap does not work here" in result.stderr and "namespace" in result.stderr
+        assert 'isolation="none"' in result.stderr
+        assert not (tmp_path / "ws" / "made.txt").exists()
+    finally:
+        await ws.stop()
+
+
 @pytest.mark.parametrize("asked_by", ["env", "operator"])
 async def test_without_bwrap_commands_run_unsandboxed_when_asked(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, asked_by: str
