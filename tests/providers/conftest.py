@@ -12,10 +12,11 @@ import hashlib
 import os
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 
 import pytest
 from substrates_support import ENV_IMAGE_DIR, KEY_LABEL, REPO, TEST_KEY_PREFIX
+from temporal_fixtures import client, dev_server  # noqa: F401  (shared fixtures)
 
 
 def _sources_digest() -> str:
@@ -118,21 +119,7 @@ def test_image(docker_client: object) -> str:
     return tag
 
 
-@pytest.fixture(scope="module")
-def temporal_address(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """A real ``temporal server start-dev`` for the module's durable tests."""
-    from temporal_helpers import DevServer
-
-    server = DevServer(tmp_path_factory.mktemp("temporal") / "temporal.db")
-    server.start()
-    yield server.address
-    server.stop()
-
-
 @pytest.fixture
-async def client(temporal_address: str) -> AsyncIterator[object]:
-    from durable_rollouts.temporal.batches import shutdown_embedded
-    from durable_rollouts.temporal.connection import connect_client
-
-    yield await connect_client(temporal_address)
-    await shutdown_embedded()
+def temporal_address(dev_server: object) -> str:
+    """The address of this directory's session dev server (``temporal_fixtures``)."""
+    return dev_server.address  # type: ignore[attr-defined]
