@@ -96,6 +96,11 @@ class Settings(BaseModel):
     gc_every: float = _var(
         "ROLLOUTS_GC_EVERY", 300.0, "Worker processes remove orphaned substrates every this "
         "many seconds; 0 disables it (`--gc-every` overrides).", ge=0)
+    workspace_isolation: Literal["auto", "bwrap", "none"] = _var(
+        "ROLLOUTS_WORKSPACE_ISOLATION", "auto", "Sandbox of env workspaces left at "
+        "`isolation=\"auto\"`, read by the env server: `auto` runs agent commands in bubblewrap "
+        "and refuses them where it cannot sandbox; `none` runs them unsandboxed; `bwrap` fails "
+        "the env's start where bubblewrap cannot sandbox.")
     workflow_sandbox: bool = _var(
         "ROLLOUTS_WORKFLOW_SANDBOX", False, "Run workflows in temporalio's sandbox (about 30% "
         "more worker CPU; the workflows import only pure models).")

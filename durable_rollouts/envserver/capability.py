@@ -149,7 +149,7 @@ class Capability(BaseModel):
         client_key_path: str | os.PathLike[str] | None = None,
         shell: str = "bash",
         cwd: str | None = None,
-        isolation: Literal["bwrap", "none"] | None = None,
+        isolation: Literal["bwrap", "none", "refused"] | None = None,
         network: bool | None = None,
         timeout_s: float | None = None,
         process_connections: bool = False,
@@ -164,7 +164,8 @@ class Capability(BaseModel):
                 a filesystem).
             shell: the remote shell (``bash``, ``powershell``, ``cmd``).
             cwd: the directory commands start in, as the session sees it.
-            isolation: the sandbox commands run in (``bwrap`` or ``none``), as granted.
+            isolation: the sandbox commands run in (``bwrap`` or ``none``), as granted;
+                ``refused``: no sandbox works here, so commands are refused.
             network: whether commands reach the network (ours; HUD clients ignore it).
             timeout_s: commands running longer are killed (ours; HUD clients ignore it).
             process_connections: the server binds connections to processes (HUD's extension).

@@ -116,11 +116,13 @@ def bwrap_argv(
 
     ``environ`` is the command's whole environment (see :func:`command_environ`); ``mounts`` are
     bound after the system directories; ``hide`` paths under a system directory are covered.
+    The binary is the one :func:`bwrap_available` finds on this process's PATH, so the probe
+    and the commands run the bwrap that was checked (the commands' own PATH is fixed).
     """
     # No --new-session: the command has no terminal (so no TIOCSTI risk) and must stay in
     # bwrap's process group, so one killpg reaches it even if bwrap dies before the child
     # armed --die-with-parent; whatever leaves the group dies with the pid namespace.
-    argv = ["bwrap", "--die-with-parent", "--unshare-all"]
+    argv = [bwrap_available() or "bwrap", "--die-with-parent", "--unshare-all"]
     if network:
         argv.append("--share-net")
     argv += ["--unshare-user", "--uid", "1000", "--gid", "1000", "--clearenv"]

@@ -13,11 +13,14 @@ This module holds the capability itself: choosing the isolation, the ssh server 
 the :class:`Workspace` lifecycle and :func:`add_workspace`. It re-exports :class:`Mount`,
 ``Isolation``, ``SANDBOX_CWD``, ``TIMEOUT_EXIT_STATUS`` and :func:`bwrap_available`.
 
-Without a working bwrap the commands run unsandboxed in the real directory: the capability says
-``isolation: "none"`` and a warning is logged once per process.
+Without a working bwrap the agent's commands are refused (each one exits 126 with one line naming
+``bubblewrap`` and ``isolation="none"``), the capability says ``isolation: "refused"`` and a
+warning is logged once per process. They run unsandboxed in the real directory (``isolation:
+"none"``) only when asked: the env's ``isolation="none"``, or the operator's
+``ROLLOUTS_WORKSPACE_ISOLATION=none`` for workspaces left at ``auto``.
 
-Imports asyncssh, ``durable_rollouts.errors``, ``.environment``, ``.sandbox`` and ``.ssh_exec``
-only; never the server, the client or anything under ``sdk``.
+Imports asyncssh, ``durable_rollouts.errors``, ``durable_rollouts.settings``, ``.environment``,
+``.sandbox`` and ``.ssh_exec`` only; never the server, the client or anything under ``sdk``.
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ import asyncssh
 
 from ..errors import EnvError
 from ..processes import kill_session
+from ..settings import settings, var
 from .capability import Capability, CapabilityHost
 from .sandbox import (
     SANDBOX_CWD,
@@ -62,13 +66,22 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 _warned_no_bwrap = False
+REFUSED_EXIT_STATUS = 126  # the shell's "found but cannot execute"
+Granted = Literal["bwrap", "none", "refused"]
 
 
-def _warn_no_isolation(reason: str) -> None:
+def _warn_refused(reason: str) -> None:
     global _warned_no_bwrap
     if not _warned_no_bwrap:
         _warned_no_bwrap = True
-        log.warning("workspace commands run WITHOUT a sandbox (isolation 'none'): %s", reason)
+        log.warning("workspace commands are REFUSED (no sandbox; isolation 'refused'): %s", reason)
+
+
+def _refusal(name: str, reason: str) -> str:
+    """The one line an agent's command gets where bubblewrap cannot sandbox it."""
+    return (f"workspace {name!r} refuses to run commands: bubblewrap cannot sandbox them on "
+            f"this host ({reason}); to run them unsandboxed, the env passes isolation=\"none\" "
+            f"to its workspace or the operator sets {var('workspace_isolation')}=none")
 
 
 class _SSHServer(asyncssh.SSHServer):
@@ -130,7 +143,9 @@ class Workspace:
         mounts: extra bind mounts (``Mount`` or ``"SRC:DST[:ro|rw]"``), read-only by default.
         hide: host paths that must stay invisible even if they lie under a system directory.
         timeout_s: a command running longer is killed (exit status 124).
-        isolation: ``auto`` (bwrap if it works), ``bwrap`` (required) or ``none``.
+        isolation: ``auto`` (bwrap if it works, else agent commands are refused; the operator's
+            ``ROLLOUTS_WORKSPACE_ISOLATION`` can say otherwise), ``bwrap`` (required: the env
+            fails to start without it) or ``none`` (unsandboxed).
         host, port: where the ssh server listens (default: loopback, an ephemeral port).
 
     Once started, ``ws.capability`` is the published Capability; ``ws.capability("shell")``
@@ -167,7 +182,8 @@ class Workspace:
         self.host, self.port = host, port
         self._root_arg = Path(root).resolve() if root is not None else None
         self.root: Path | None = self._root_arg
-        self.isolation: Literal["bwrap", "none"] | None = None
+        self.isolation: Granted | None = None
+        self.refusal: str | None = None  # the line refused commands get (isolation "refused")
         self.capability: Capability | None = None
         self._acceptor: asyncssh.SSHAcceptor | None = None
         self._procs: set[asyncio.subprocess.Process] = set()
@@ -242,8 +258,12 @@ class Workspace:
         """Where commands start (and HOME): ``/workspace`` under bwrap, else the real root."""
         return SANDBOX_CWD if self.isolation == "bwrap" else str(self.root)
 
-    async def _choose_isolation(self) -> Literal["bwrap", "none"]:
-        if self.requested_isolation == "none":
+    async def _choose_isolation(self) -> Granted:
+        self.refusal = None
+        requested = self.requested_isolation
+        if requested == "auto":
+            requested = settings().workspace_isolation
+        if requested == "none":
             return "none"
         for m in self.mounts:  # a typo in a mount must fail loudly, never disable the sandbox
             if not Path(m.source).exists():
@@ -254,10 +274,11 @@ class Workspace:
             if failure is None:
                 return "bwrap"
             reason = failure
-        if self.requested_isolation == "bwrap":
+        if requested == "bwrap":
             raise EnvError(f"workspace {self.name!r} requires bwrap isolation: {reason}")
-        _warn_no_isolation(reason)
-        return "none"
+        _warn_refused(reason)
+        self.refusal = _refusal(self.name, reason)
+        return "refused"
 
     def sandbox_argv(self, command: Sequence[str], *, mounts: Iterable[Mount | str] = (),
                      env: dict[str, str] | None = None) -> list[str]:
@@ -282,9 +303,12 @@ class Workspace:
 
         Graders use it to run checks against the workspace files inside the same sandbox, with
         their hidden files mounted read-only for that one command. Without bwrap it is
-        ``cd ROOT && command`` (``mounts`` are then ignored: the host paths are used as they are).
+        ``cd ROOT && command`` (``mounts`` are then ignored: the host paths are used as they are);
+        where commands are refused it raises the same refusal (an ``EnvError``).
         """
         assert self.root is not None, "the workspace has not started"
+        if self.refusal is not None:
+            raise EnvError(self.refusal)
         if self.isolation == "bwrap":
             return shlex.join(self._command_argv(command, env or {}, mounts=mounts))
         exports = "".join(f"export {k}={shlex.quote(v)}; " for k, v in (env or {}).items())
@@ -306,6 +330,10 @@ class Workspace:
         if process.subsystem:
             process.stderr.write(f"subsystem {process.subsystem!r} is not supported\n".encode())
             process.exit(1)
+            return
+        if self.refusal is not None:
+            process.stderr.write(f"{self.refusal}\n".encode())
+            process.exit(REFUSED_EXIT_STATUS)
             return
         requested = {str(k): str(v) for k, v in dict(process.env).items()}
         await run_session(

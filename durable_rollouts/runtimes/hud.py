@@ -1,8 +1,8 @@
 """HUDRuntime: a HUD-hosted environment, reached through a WebSocket tunnel behind a local port.
 
 ``acquire`` asks the HUD runtime gateway for a session of the task's environment (``POST
-{runtime_url}/runtime/sessions`` with ``{"environment": NAME}``, which answers ``{"id": ...}``),
-then listens on an ephemeral port of this machine's loopback and carries each accepted TCP
+{runtime_url}/runtime/sessions`` with ``{"environment": NAME, "trace_id": T}``, which answers
+``{"id": ...}``; ``T`` is derived from the rollout key), then listens on an ephemeral port of this machine's loopback and carries each accepted TCP
 connection over its own WebSocket to ``{runtime_url}/runtime/tunnels/<id>`` (``ws``/``wss`` after
 the gateway's scheme): bytes read from the socket go out as binary messages, every message
 received is written back (text as UTF-8). ``release`` closes the listener and its tunnels and
@@ -11,7 +11,11 @@ deletes the session (``DELETE {runtime_url}/runtime/sessions/<id>``; gone alread
 The API key is ``$HUD_API_KEY``, sent as a bearer token on both calls and read again on every
 worker: neither the provider spec nor the Endpoint (both in workflow history) carries it. The
 listener lives in this process (locality ``process``); an acquire retried in this process reuses
-its session. A hosted env is already deployed, so no ``runtime_config`` can be honoured: any
+its session, and one retried in another process (its worker died, perhaps between the create and
+its answer) first asks for the key's sessions (``GET {runtime_url}/runtime/sessions?trace_id=T``)
+and adopts the one it finds, deleting any other, before creating anything. That listing is not
+among the calls HUD 0.6's own SDK makes: a gateway answering it 404, 405 or 501 gets a new
+session, as before. A hosted env is already deployed, so no ``runtime_config`` can be honoured: any
 set field is rejected. Imports models, errors and the provider base; ``httpx`` and
 ``websockets`` only inside methods.
 """
@@ -21,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import uuid
 from contextlib import suppress
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -40,6 +45,13 @@ DEFAULT_RUNTIME_URL = "https://mcp.hud.ai"
 DEFAULT_READY_TIMEOUT_S = 300.0
 HTTP_TIMEOUT_S = 30.0
 _CHUNK = 64 * 1024
+_TRACE_NAMESPACE = uuid.UUID("6f1d6a52-3c47-4d0e-9a51-2b8f0c7e4d19")  # fixed: keys -> trace ids
+_NO_LISTING = (404, 405, 501)  # a gateway without the session listing
+
+
+def session_trace_id(key: str) -> str:
+    """The trace id ``key``'s sessions are created under, and found by after a lost answer."""
+    return str(uuid.uuid5(_TRACE_NAMESPACE, key))
 
 
 @dataclass
@@ -60,6 +72,8 @@ class _Tunnel:
 
 # Live listeners of this process, by rollout key (the reason for locality "process").
 _TUNNELS: dict[str, _Tunnel] = {}
+# Gateways (base urls) that answered the session listing 404/405/501: not asked again.
+_UNLISTED: set[str] = set()
 
 
 class HUDRuntime(DurableProvider):
@@ -128,7 +142,8 @@ class HUDRuntime(DurableProvider):
         base, api_key = self._base(), self._api_key()
         tunnel = _TUNNELS.get(key)
         if tunnel is None:
-            session_id = await self._create_session(base, api_key, self.environment or task.env)
+            session_id = await self._adopt_or_create(base, api_key, self.environment or task.env,
+                                                     key)
             tunnel = _Tunnel(session_id)
             _TUNNELS[key] = tunnel
             ws_url = f"{_ws_base(base)}/runtime/tunnels/{session_id}"
@@ -176,9 +191,39 @@ class HUDRuntime(DurableProvider):
 
     # -- the gateway's HTTP API -----------------------------------------------------------------
 
-    async def _create_session(self, base: str, api_key: str, environment: str) -> str:
+    async def _adopt_or_create(self, base: str, api_key: str, environment: str, key: str) -> str:
+        """The session an earlier acquire of ``key`` made (others of the key are deleted), else
+        a new one."""
+        trace_id = session_trace_id(key)
+        found = await self._sessions_of(base, api_key, trace_id)
+        for extra in found[1:]:
+            log.info("deleting HUD session %s: a second one of %s", extra, key)
+            await self._delete_session(base, api_key, extra)
+        if found:
+            log.info("adopting HUD session %s of %s", found[0], key)
+            return found[0]
+        return await self._create_session(base, api_key, environment, trace_id)
+
+    async def _sessions_of(self, base: str, api_key: str, trace_id: str) -> list[str]:
+        """The ids of the sessions created under ``trace_id`` ([] when the gateway cannot list)."""
+        if base in _UNLISTED:
+            return []
+        body = await _call("GET", f"{base}/runtime/sessions?trace_id={trace_id}", api_key, None,
+                           missing=_NO_LISTING)
+        if body is None:
+            _UNLISTED.add(base)
+            log.warning("HUD runtime gateway %s cannot list sessions: an acquire retried in "
+                        "another process opens a new session", base)
+        items = body.get("items") if isinstance(body, dict) else body
+        # Only items that name the trace id: a gateway ignoring the filter must not hand us
+        # another rollout's session.
+        return [str(i["id"]) for i in items or [] if isinstance(i, dict) and i.get("id")
+                and i.get("trace_id") == trace_id]
+
+    async def _create_session(self, base: str, api_key: str, environment: str,
+                              trace_id: str) -> str:
         body = await _call("POST", f"{base}/runtime/sessions", api_key,
-                           {"environment": environment})
+                           {"environment": environment, "trace_id": trace_id})
         session_id = body.get("id") if isinstance(body, dict) else None
         if not isinstance(session_id, str) or not session_id:
             raise ProviderError(f"HUD runtime gateway {base} answered no session id: {body!r}")
@@ -186,12 +231,13 @@ class HUDRuntime(DurableProvider):
 
     async def _delete_session(self, base: str, api_key: str, session_id: str) -> None:
         await _call("DELETE", f"{base}/runtime/sessions/{session_id}", api_key, None,
-                    missing_ok=True)
+                    missing=(404,))
 
 
 async def _call(method: str, url: str, api_key: str, payload: dict[str, Any] | None, *,
-                missing_ok: bool = False) -> Any:
-    """One gateway call; ConfigError for what retrying cannot fix, ProviderError otherwise."""
+                missing: tuple[int, ...] = ()) -> Any:
+    """One gateway call; ConfigError for what retrying cannot fix, ProviderError otherwise;
+    None for a ``missing`` status."""
     import httpx
 
     try:
@@ -203,7 +249,7 @@ async def _call(method: str, url: str, api_key: str, payload: dict[str, Any] | N
         raise ProviderError(
             f"cannot reach the HUD runtime gateway ({method} {url}): {exc}"
         ) from exc
-    if resp.status_code == 404 and missing_ok:
+    if resp.status_code in missing:
         return None
     if resp.status_code in (401, 403):
         raise ConfigError(f"the HUD runtime gateway refused ${API_KEY_ENV} ({resp.status_code})")

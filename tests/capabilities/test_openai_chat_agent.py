@@ -189,3 +189,51 @@ async def test_openai_agent_fixes_the_coding_example_on_the_durable_path(
     assert any("H6_TEST_API_KEY" in t for t in texts)  # the agent config (the variable's NAME) is there
     assert all(SECRET not in t for t in texts)
     assert SECRET not in job.to_jsonl(tmp_path / "runs.jsonl").read_text()
+
+
+def _path_without_bwrap(bin_dir: Path) -> str:
+    """A PATH holding every program of this one except ``bwrap``: a host without bubblewrap."""
+    import os
+    import shutil
+
+    bin_dir.mkdir()
+    for folder in os.environ.get("PATH", "").split(os.pathsep):
+        if not os.path.isdir(folder):
+            continue
+        for entry in os.scandir(folder):
+            target = bin_dir / entry.name
+            if entry.name != "bwrap" and not target.exists() and os.access(entry.path, os.X_OK):
+                target.symlink_to(entry.path)
+    assert shutil.which("bwrap", path=str(bin_dir)) is None
+    return str(bin_dir)
+
+
+async def test_without_bwrap_the_agent_is_refused_until_the_operator_says_isolation_none(
+    scripted_llm: Any, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """On a host without bubblewrap the agent's shell call comes back as one line naming
+    bubblewrap and ``isolation="none"``, the grader's sandboxed command is refused the same way
+    (the run errors with it), and the file is untouched; ROLLOUTS_WORKSPACE_ISOLATION=none lets
+    the same script fix the bug unsandboxed."""
+    monkeypatch.setenv("PATH", _path_without_bwrap(tmp_path / "bin"))
+    monkeypatch.delenv("ROLLOUTS_WORKSPACE_ISOLATION", raising=False)
+
+    def refused(body: dict[str, Any]) -> dict[str, Any]:
+        shown = _last_tool_result(body)
+        assert "exit code: 126" in shown and "bubblewrap" in shown, shown
+        assert 'isolation="none"' in shown and "min(x, lo)" not in shown
+        return final("I cannot run commands here.")
+
+    llm = await scripted_llm([tool_call("shell", {"command": "cat mathutils.py"}), refused])
+    agent = OpenAIChatAgent(model="scripted", base_url=llm.url)
+    job = await run_direct(_coding(), agent, LocalRuntime(str(EXAMPLES / "coding" / "env.py")))
+    run = job.runs[0]
+    assert len(llm.requests) == 2  # the refusal reached the model as the tool call's result
+    assert run.status != "succeeded" and "bubblewrap" in (run.error or ""), run
+    assert 'isolation="none"' in (run.error or "")
+
+    monkeypatch.setenv("ROLLOUTS_WORKSPACE_ISOLATION", "none")
+    llm = await scripted_llm([tool_call("shell", {"command": "cat mathutils.py"}), _fix, final("fixed")])
+    agent = OpenAIChatAgent(model="scripted", base_url=llm.url)
+    job = await run_direct(_coding(), agent, LocalRuntime(str(EXAMPLES / "coding" / "env.py")))
+    assert job.runs[0].status == "succeeded" and job.runs[0].reward == 1.0, job.runs[0].error

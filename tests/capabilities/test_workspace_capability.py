@@ -191,23 +191,93 @@ async def test_a_foreign_client_key_is_rejected(tmp_path: Path) -> None:
         await ws.stop()
 
 
-async def test_without_bwrap_the_workspace_says_isolation_none_and_warns_once(
+async def test_without_bwrap_the_workspace_refuses_commands_naming_the_opt_out_and_warns_once(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    empty = tmp_path / "no-bwrap-here"
-    empty.mkdir()
-    monkeypatch.setenv("PATH", str(empty))  # a machine without bubblewrap
+    """No bwrap on PATH (a machine without bubblewrap): every command gets one line naming
+    bubblewrap and isolation="none", exit 126, and nothing runs; graders get the same refusal."""
+    monkeypatch.setenv("PATH", str(tmp_path / "no-bwrap-here"))
+    monkeypatch.delenv("ROLLOUTS_WORKSPACE_ISOLATION", raising=False)
     monkeypatch.setattr(workspace_module, "_warned_no_bwrap", False)
     caplog.set_level(logging.WARNING, logger=workspace_module.__name__)
     spaces = [Workspace(tmp_path / f"ws{i}") for i in range(2)]
     caps = [await ws.start() for ws in spaces]
     try:
-        assert [c.params["isolation"] for c in caps] == ["none", "none"]
-        assert caps[0].params["cwd"] == str(tmp_path / "ws0")
-        warnings = [r for r in caplog.records if "WITHOUT a sandbox" in r.getMessage()]
+        assert [c.params["isolation"] for c in caps] == ["refused", "refused"]
+        warnings = [r for r in caplog.records if "REFUSED" in r.getMessage()]
         assert len(warnings) == 1
         env = Environment(name="plain")
         env.add_capability(caps[0])
+        async with serving(env) as server, await connect(server.url, keepalive_s=None) as client:
+            conn = await open_capability(client, "shell")
+            try:
+                result = await _run(conn, "echo x > made.txt")
+            finally:
+                await close_capability(conn)
+        assert result.exit_status == workspace_module.REFUSED_EXIT_STATUS
+        line = result.stderr.strip()
+        assert "\n" not in line and "bubblewrap" in line and 'isolation="none"' in line
+        assert "ROLLOUTS_WORKSPACE_ISOLATION=none" in line and "bwrap is not installed" in line
+        assert not (tmp_path / "ws0" / "made.txt").exists()
+        with pytest.raises(EnvError, match="bubblewrap"):
+            spaces[0].shell_command("true")
+    finally:
+        for ws in spaces:
+            await ws.stop()
+
+
+@needs_bwrap
+async def test_a_bwrap_that_cannot_make_namespaces_gets_the_refusal_with_its_own_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The real bwrap, run inside a user namespace it cannot map (as on a host without
+    unprivileged user namespaces): the probe fails, commands are refused with bwrap's words."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    wrapper = bin_dir / "bwrap"
+    wrapper.write_text(f'#!/bin/sh\nexec {shutil.which("unshare")} --user {shutil.which("bwrap")} "$@"\n')
+    wrapper.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.delenv("ROLLOUTS_WORKSPACE_ISOLATION", raising=False)
+    ws = Workspace(tmp_path / "ws")
+    cap = await ws.start()
+    try:
+        assert cap.params["isolation"] == "refused"
+        env = Environment(name="plain")
+        env.add_capability(cap)
+        async with serving(env) as server, await connect(server.url, keepalive_s=None) as client:
+            conn = await open_capability(client, "shell")
+            try:
+                result = await _run(conn, "echo x > made.txt")
+            finally:
+                await close_capability(conn)
+        assert result.exit_status == workspace_module.REFUSED_EXIT_STATUS
+        assert "bwrap does not work here" in result.stderr and "namespace" in result.stderr
+        assert 'isolation="none"' in result.stderr
+        assert not (tmp_path / "ws" / "made.txt").exists()
+    finally:
+        await ws.stop()
+
+
+@pytest.mark.parametrize("asked_by", ["env", "operator"])
+async def test_without_bwrap_commands_run_unsandboxed_when_asked(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, asked_by: str
+) -> None:
+    """``isolation="none"`` from the env, or ROLLOUTS_WORKSPACE_ISOLATION=none from the operator
+    for a workspace left at auto: commands run in the real directory and the binding says so."""
+    monkeypatch.setenv("PATH", str(tmp_path / "no-bwrap-here"))
+    if asked_by == "operator":
+        monkeypatch.setenv("ROLLOUTS_WORKSPACE_ISOLATION", "none")
+        ws = Workspace(tmp_path / "ws0")
+    else:
+        monkeypatch.delenv("ROLLOUTS_WORKSPACE_ISOLATION", raising=False)
+        ws = Workspace(tmp_path / "ws0", isolation="none")
+    cap = await ws.start()
+    try:
+        assert cap.params["isolation"] == "none"
+        assert cap.params["cwd"] == str(tmp_path / "ws0")
+        env = Environment(name="plain")
+        env.add_capability(cap)
         async with serving(env) as server, await connect(server.url, keepalive_s=None) as client:
             conn = await open_capability(client, "shell")
             try:
@@ -218,8 +288,21 @@ async def test_without_bwrap_the_workspace_says_isolation_none_and_warns_once(
         assert result.stdout.split()[1] == "unset"  # the server's environment never leaks in
         assert (tmp_path / "ws0" / "made.txt").exists()
     finally:
-        for ws in spaces:
-            await ws.stop()
+        await ws.stop()
+
+
+@needs_bwrap
+async def test_the_operator_setting_applies_only_to_workspaces_left_at_auto(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("ROLLOUTS_WORKSPACE_ISOLATION", "none")
+    left, strict = Workspace(tmp_path / "a"), Workspace(tmp_path / "b", isolation="bwrap")
+    try:
+        assert (await left.start()).params["isolation"] == "none"
+        assert (await strict.start()).params["isolation"] == "bwrap"
+    finally:
+        await left.stop()
+        await strict.stop()
 
 
 async def test_requiring_bwrap_without_it_fails_naming_the_workspace(

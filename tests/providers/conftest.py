@@ -16,6 +16,7 @@ from collections.abc import Iterator
 
 import pytest
 from substrates_support import ENV_IMAGE_DIR, KEY_LABEL, REPO, TEST_KEY_PREFIX
+from temporal_fixtures import client, dev_server  # noqa: F401  (shared fixtures)
 
 
 def _sources_digest() -> str:
@@ -116,3 +117,9 @@ def test_image(docker_client: object) -> str:
     _prune_old_tags(docker_client, "durable-rollouts-test-env:", tag)
     _prune_old_tags(docker_client, "durable-rollouts-base:test-", base)
     return tag
+
+
+@pytest.fixture
+def temporal_address(dev_server: object) -> str:
+    """The address of this directory's session dev server (``temporal_fixtures``)."""
+    return dev_server.address  # type: ignore[attr-defined]

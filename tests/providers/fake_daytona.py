@@ -22,10 +22,15 @@ server accepting a user name that is a live access token, with no other authenti
 opening direct-tcpip channels to loopback only (the sandbox processes share this machine's
 loopback). Everything runs on its own event loop in a thread, so blocking test code cannot
 stall it. It is not Daytona: images, resources and TTLs are only recorded.
+
+``events`` lists ``(made|gone, rollout key)`` as sandboxes are created and deleted. With
+``hold_create`` set, the next create makes its sandbox and then never answers (``create_held``
+turns True), as a create whose caller dies before the answer comes.
 """
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import json
 import os
@@ -86,6 +91,9 @@ class DaytonaStandIn:
         self.snapshots: dict[str, dict[str, Any]] = {}
         self.ssh_tokens: dict[str, str] = {}  # token -> sandbox id
         self.forwards: list[tuple[str, int]] = []  # direct-tcpip channels the gateway opened
+        self.events: list[tuple[str, str]] = []  # (made|gone, rollout key), in order
+        self.hold_create = False
+        self.create_held = False
         self._ids = itertools.count(1)
         self._home: LoopThread | None = None
         self._bin = root / "bin"  # `python` on the sandboxes' PATH: this interpreter
@@ -103,6 +111,7 @@ class DaytonaStandIn:
         return self
 
     async def _start(self) -> None:
+        self._stopping = asyncio.Event()
         app = web.Application()
         app.router.add_route("*", "/{tail:.*}", self._dispatch)
         self._runner = web.AppRunner(app, access_log=None)
@@ -121,6 +130,7 @@ class DaytonaStandIn:
 
     def stop(self) -> None:
         async def _stop() -> None:
+            self._stopping.set()
             self._ssh.close()
             await self._runner.cleanup()
 
@@ -156,7 +166,11 @@ class DaytonaStandIn:
             return _error(401, "Invalid credentials")
         parts = [p for p in request.path.split("/") if p]
         if parts[:1] == ["api"]:
-            return self._api(request, parts[1:], body)
+            answer = self._api(request, parts[1:], body)
+            if parts[1:] == ["sandbox"] and request.method == "POST" and self.hold_create:
+                self.hold_create, self.create_held = False, answer.status == 200
+                await self._stopping.wait()  # made, but its caller never hears so
+            return answer
         if parts[:1] == ["toolbox"] and len(parts) >= 3:
             sb = self.sandboxes.get(parts[1])
             if sb is None:
@@ -184,6 +198,7 @@ class DaytonaStandIn:
             if len(parts) == 2 and method == "DELETE":
                 del self.sandboxes[sb.id]
                 self.deleted[sb.id] = sb
+                self.events.append(("gone", _key_of(sb)))
                 sb.state = "destroying"
                 _kill(sb)
                 return web.json_response(self._dto(sb))
@@ -225,6 +240,7 @@ class DaytonaStandIn:
         home.mkdir()
         sb = Sandbox(sid, name, body, home)
         self.sandboxes[sid] = sb
+        self.events.append(("made", _key_of(sb)))
         return web.json_response(self._dto(sb))
 
     def _lookup(self, id_or_name: str) -> Sandbox | None:
@@ -311,6 +327,10 @@ class _Gateway(asyncssh.SSHServer):
             return False
         self.cloud.forwards.append((dest_host, dest_port))
         return True
+
+
+def _key_of(sb: Sandbox) -> str:
+    return str((sb.body.get("labels") or {}).get("durable-rollouts.key", ""))
 
 
 def _read(path: Path) -> str:

@@ -4,7 +4,11 @@ HUD's platform cannot be reached from here, so HUDRuntime's tests point it at th
 127.0.0.1, one aiohttp server answering both what HUDRuntime calls (the calls HUD 0.6.21's own
 runtime makes)::
 
-    POST   /runtime/sessions {"environment": NAME}   -> {"id": ...}; starts that env's server
+    POST   /runtime/sessions {"environment": NAME, "trace_id": T}  -> {"id": ...}; starts
+                                                    that env's server
+    GET    /runtime/sessions?trace_id=T             -> {"items": [{"id", "trace_id",
+                                                    "environment"}]} (HUD's SDK makes no
+                                                    such call: HUDRuntime's adoption needs it)
     DELETE /runtime/sessions/{id}                    -> stops it (404 when unknown)
     GET    /runtime/tunnels/{id}  (WebSocket)        -> bridged to the env server's TCP port
 
@@ -13,6 +17,11 @@ Every call needs ``Authorization: Bearer <API_KEY>`` (401 otherwise). A session'
 HUD the gateway is what authenticates), and each WebSocket is bridged byte for byte to a new TCP
 connection to it: binary messages carry the bytes, as HUD's tunnels do. The client side under
 test uses the ``websockets`` library, so this also checks the two implementations interoperate.
+
+``events`` lists ``(made|gone, trace id)`` as sessions start and are deleted. With
+``hold_create`` set, the next create starts its session and then never answers
+(``create_held`` turns True), as a create whose caller dies before the answer comes;
+``listing = False`` answers the listing 405, as a gateway without it.
 """
 
 from __future__ import annotations
@@ -39,6 +48,7 @@ class HostedEnv:
     environment: str
     proc: subprocess.Popen
     port: int
+    trace_id: str | None = None
 
 
 class HUDStandIn:
@@ -51,6 +61,10 @@ class HUDStandIn:
         self.stopped: list[HostedEnv] = []
         self.tunnels_opened = 0
         self.refuse_tunnels = False  # answer every tunnel 503, as an overloaded gateway might
+        self.events: list[tuple[str, str]] = []  # (made|gone, trace id), in order
+        self.hold_create = False
+        self.create_held = False
+        self.listing = True
         self._ids = itertools.count(1)
         self._home = LoopThread()
 
@@ -59,8 +73,10 @@ class HUDStandIn:
         return self
 
     async def _start(self) -> None:
+        self._stopping = asyncio.Event()
         app = web.Application()
         app.router.add_post("/runtime/sessions", self._create)
+        app.router.add_get("/runtime/sessions", self._list)
         app.router.add_delete("/runtime/sessions/{id}", self._delete)
         app.router.add_get("/runtime/tunnels/{id}", self._tunnel)
         self._runner = web.AppRunner(app, access_log=None)
@@ -69,6 +85,7 @@ class HUDStandIn:
         self.port = self._runner.addresses[0][1]
 
     def stop(self) -> None:
+        self._home.loop.call_soon_threadsafe(self._stopping.set)
         self._home.run(self._runner.cleanup())
         self._home.close()
         for env in [*self.sessions.values(), *self.stopped]:
@@ -98,9 +115,25 @@ class HUDStandIn:
                 cwd=source.parent, stdout=out, stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL, start_new_session=True,
             )
-        env = HostedEnv(sid, body["environment"], proc, await _announced_port(proc, log))
+        env = HostedEnv(sid, body["environment"], proc, await _announced_port(proc, log),
+                        body.get("trace_id"))
         self.sessions[env.id] = env
+        self.events.append(("made", str(env.trace_id)))
+        if self.hold_create:
+            self.hold_create, self.create_held = False, True
+            await self._stopping.wait()  # made, but its caller never hears so
         return web.json_response({"id": env.id})
+
+    async def _list(self, request: web.Request) -> web.Response:
+        self.calls.append(("GET", request.path_qs, None))
+        if not self._authorized(request):
+            return web.json_response({"detail": "invalid api key"}, status=401)
+        if not self.listing:
+            return web.json_response({"detail": "method not allowed"}, status=405)
+        wanted = request.query.get("trace_id")
+        return web.json_response({"items": [
+            {"id": e.id, "trace_id": e.trace_id, "environment": e.environment}
+            for e in self.sessions.values() if wanted is None or e.trace_id == wanted]})
 
     async def _delete(self, request: web.Request) -> web.Response:
         self.calls.append(("DELETE", request.path, None))
@@ -111,6 +144,7 @@ class HUDStandIn:
             return web.json_response({"detail": "no such session"}, status=404)
         _stop(env)
         self.stopped.append(env)
+        self.events.append(("gone", str(env.trace_id)))
         return web.Response(status=204)
 
     async def _tunnel(self, request: web.Request) -> web.StreamResponse:

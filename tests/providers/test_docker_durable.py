@@ -12,21 +12,19 @@ import asyncio
 import os
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
 from history_scan import step_names
 from substrates_support import ENV_IMAGE_DIR, KEY_LABEL, MarkingSleepAgent
-from temporal_helpers import DevServer, WorkerProcess
+from temporal_helpers import WorkerProcess
 
 from durable_rollouts.envserver import load_environment
-from durable_rollouts.sdk.agents import FixedAgent
 from durable_rollouts.gc import collect, find_orphans
-from durable_rollouts.temporal.batches import shutdown_embedded, start_job
+from durable_rollouts.sdk.agents import FixedAgent
 from durable_rollouts.runtimes.docker import DockerRuntime
 from durable_rollouts.sdk.taskset import Taskset
-from durable_rollouts.temporal.connection import connect_client
+from durable_rollouts.temporal.batches import start_job
 
 HERE = Path(__file__).resolve().parent
 TEMPORAL_TESTS = HERE.parent / "temporal"
@@ -45,21 +43,7 @@ def _wait(predicate, timeout: float, what: str) -> None:  # type: ignore[no-unty
     raise AssertionError(f"timed out waiting for {what}")
 
 
-@pytest.fixture(scope="module")
-def temporal_address(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    server = DevServer(tmp_path_factory.mktemp("temporal") / "temporal.db")
-    server.start()
-    yield server.address
-    server.stop()
-
-
-@pytest.fixture
-async def client(temporal_address: str) -> AsyncIterator[object]:
-    yield await connect_client(temporal_address)
-    await shutdown_embedded()
-
-
-def Worker(address: str, queue: str) -> WorkerProcess:  # noqa: N802 - reads like the class
+def Worker(address: str, queue: str) -> WorkerProcess:
     """A worker process that can also import this directory's agents (substrates_support)."""
     return WorkerProcess(address, queue, env={"PYTHONPATH": os.pathsep.join([str(HERE), str(TEMPORAL_TESTS)])})
 

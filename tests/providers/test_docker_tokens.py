@@ -22,7 +22,7 @@ from substrates_support import (
     MarkingSleepAgent,
     containers_for,
 )
-from test_docker_durable import _job_containers, _wait, client, temporal_address  # noqa: F401
+from test_docker_durable import _job_containers, _wait
 
 from durable_rollouts.envserver import load_environment
 from durable_rollouts.errors import UnauthorizedError
@@ -46,7 +46,7 @@ def _container_token(container: Any) -> str:
 
 
 async def test_a_docker_rollouts_workflow_history_holds_no_substrate_token_or_secret(
-    docker_client, test_image, client, tmp_path: Path, monkeypatch: pytest.MonkeyPatch  # noqa: F811
+    docker_client, test_image, client, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ):
     monkeypatch.delenv(SECRET_ENV_VAR, raising=False)  # the per-home secret file
     marker = tmp_path / "agents.log"

@@ -34,7 +34,7 @@ from durable_rollouts.client.envclient import connect
 from durable_rollouts.sdk.direct import run_direct
 from durable_rollouts.runtimes import hud as hud_module
 from durable_rollouts.runtimes import provider_from_spec
-from durable_rollouts.runtimes.hud import HUDRuntime
+from durable_rollouts.runtimes.hud import HUDRuntime, session_trace_id
 from durable_rollouts.sdk.taskset import Taskset
 
 from fake_hud import API_KEY, HUDStandIn
@@ -67,7 +67,10 @@ async def test_acquire_opens_a_session_and_tunnels_the_control_channel(gateway):
     key = _key()
     endpoint = await runtime.acquire(_task(), key)
     try:
-        assert gateway.calls[0] == ("POST", "/runtime/sessions", {"environment": "letters"})
+        trace_id = session_trace_id(key)
+        assert gateway.calls[:2] == [
+            ("GET", f"/runtime/sessions?trace_id={trace_id}", None),  # none made yet
+            ("POST", "/runtime/sessions", {"environment": "letters", "trace_id": trace_id})]
         [hosted] = gateway.sessions.values()
         assert endpoint.handle == {"session_id": hosted.id, "runtime_url": gateway.url}
         assert endpoint.url.startswith("tcp://127.0.0.1:")
@@ -96,6 +99,37 @@ async def test_a_retried_acquire_in_this_process_reuses_the_session(gateway):
         assert len(gateway.sessions) == 1
     finally:
         await runtime.release(first)
+
+
+async def test_an_acquire_in_another_process_adopts_the_session_its_key_made(gateway):
+    """A new process (no listener of the key) finds the key's session by its trace id and
+    tunnels to it; a second session of the key (an older leak) is deleted."""
+    runtime, key = HUDRuntime(), _key()
+    first = await runtime.acquire(_task(), key)
+    hud_module._TUNNELS.pop(key).close()  # as in a new worker process
+    await runtime._create_session(gateway.url, API_KEY, "letters", session_trace_id(key))
+    second = await runtime.acquire(_task(), key)
+    try:
+        assert second.handle == first.handle and list(gateway.sessions) == [first.handle["session_id"]]
+        assert len(gateway.stopped) == 1  # the extra one
+        async with await connect(second.url) as client:
+            await client.start_task("count_letter", {"word": "banana", "letter": "a"})
+            assert (await client.grade("3"))["score"] == 1.0
+    finally:
+        await runtime.release(second)
+
+
+async def test_a_gateway_without_the_listing_gets_a_new_session(gateway):
+    gateway.listing = False  # answers the listing 405
+    runtime, key = HUDRuntime(), _key()
+    first = await runtime.acquire(_task(), key)
+    hud_module._TUNNELS.pop(key).close()
+    second = await runtime.acquire(_task(), key)
+    assert second.handle != first.handle and len(gateway.sessions) == 2
+    listings = [c for c in gateway.calls if c[0] == "GET" and c[1].startswith("/runtime/sessions")]
+    assert len(listings) == 1  # a gateway without the listing is not asked again
+    await runtime.release(first)
+    await runtime.release(second)
 
 
 async def test_the_durable_steps_run_a_rollout_through_the_tunnel(gateway):
