@@ -43,6 +43,7 @@ from temporalio.worker import (
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
 
 from durable_rollouts.activities import Queues, RolloutActivities, TasksetActivities
+from durable_rollouts.activities.liveness import LIVENESS_SLOTS, queue_alive
 from durable_rollouts.activities.owner import OwnerInterceptor
 from durable_rollouts.errors import ConfigError
 from durable_rollouts.release import worker_identity
@@ -52,10 +53,11 @@ from durable_rollouts.settings import WORKER_READY, Settings, settings, var
 from durable_rollouts.temporal.eviction import evict_cached
 from durable_rollouts.temporal.storage import storage_url
 from durable_rollouts.workflows import Rollout, TasksetRun
+from durable_rollouts.workflows.queue_probe import alive_queue
 from durable_rollouts.workflows.types import DEFAULT_TASK_QUEUE
 
 __all__ = ["DEFAULT_GC_EVERY_S", "RolloutWorker", "WorkerParts", "build_worker", "host_queue_name",
-           "main", "process_queue_name", "run_worker", "worker_parts"]
+           "liveness_worker", "main", "process_queue_name", "run_worker", "worker_parts"]
 
 log = logging.getLogger(__name__)
 
@@ -232,7 +234,17 @@ def build_worker(client: Client, *, task_queue: str = DEFAULT_TASK_QUEUE, host_q
     )]
     for queue in queues.extra:
         workers.append(Worker(client, task_queue=queue, activities=parts.step_activities, **common))
+        workers.append(liveness_worker(client, queue, identity=common["identity"]))
     return RolloutWorker(workers, queues, gc_every_s=gc_every_s)
+
+
+def liveness_worker(client: Client, queue: str, *, identity: str) -> Worker:
+    """Answers liveness probes for ``queue`` (``workflows.queue_probe``) with its own poller and
+    slots, so a worker whose step slots on ``queue`` are all taken still shows it is alive."""
+    return Worker(client, task_queue=alive_queue(queue), activities=[queue_alive],
+                  max_concurrent_activities=LIVENESS_SLOTS,
+                  activity_task_poller_behavior=PollerBehaviorSimpleMaximum(maximum=1),
+                  graceful_shutdown_timeout=timedelta(seconds=1), identity=identity)
 
 
 def _unsandboxed() -> Any:

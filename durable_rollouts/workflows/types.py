@@ -30,6 +30,7 @@ __all__ = [
     "ACT_LOAD_ROWS",
     "ACT_OPEN",
     "ACT_PROVISION",
+    "ACT_QUEUE_ALIVE",
     "ACT_RESOLVE",
     "ACT_START",
     "ACT_STORE_RESULTS",
@@ -83,6 +84,8 @@ ACT_VERIFY = "rollouts.verify"
 ACT_VERIFY_OPEN = "rollouts.verify_open"
 ACT_VERIFY_CLOSE = "rollouts.verify_close"
 ACT_TEARDOWN = "rollouts.teardown"
+# Answered by a worker's liveness queue (workflows.queue_probe): a busy queue is not a lost one.
+ACT_QUEUE_ALIVE = "rollouts.queue_alive"
 # Merged steps for fast local substrates (patch "merged-local-steps"): provision -> connect ->
 # start as one, and grade -> teardown as one where the substrate dies with its worker.
 ACT_OPEN = "rollouts.open"

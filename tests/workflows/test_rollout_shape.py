@@ -209,7 +209,8 @@ async def test_an_agent_that_stops_heartbeating_is_retried_after_its_heartbeat_t
 
 async def test_a_worker_lost_between_steps_makes_the_rollout_reprovision(env: WorkflowEnvironment) -> None:
     """Provision (attempt 1) places the substrate on worker A, whose queue then goes unpolled:
-    connect is never picked up, the substrate counts as gone, and a new attempt reprovisions."""
+    connect is never picked up, nor is the liveness probe on A's liveness queue, so the substrate
+    counts as gone, and a new attempt reprovisions."""
     stubs = Stubs()
     lost = f"worker-a-{uuid.uuid4().hex[:6]}"
     stubs.queue = lambda n: lost if n == 1 else None
@@ -217,9 +218,9 @@ async def test_a_worker_lost_between_steps_makes_the_rollout_reprovision(env: Wo
     result, history = await _run(env.client, stubs, inp)
     assert result.status == "succeeded" and result.attempts == 2
     assert "attempt 1 (connecting)" in (result.error or "")
-    assert step_names(history) == ["provision", "connect", "teardown", *CARD]
+    assert step_names(history) == ["provision", "connect", "queue_alive", "teardown", *CARD]
     events = step_events(history)
-    assert events[1] == ("rollouts.connect", "activity") and events[2] == ("rollouts.teardown", "activity")
+    assert events[1] == ("rollouts.connect", "activity") and events[3] == ("rollouts.teardown", "activity")
 
 
 async def test_a_cancelled_rollout_still_tears_down(env: WorkflowEnvironment) -> None:
