@@ -38,6 +38,7 @@ __all__ = [
     "ACT_VERIFY",
     "ACT_VERIFY_CLOSE",
     "ACT_VERIFY_OPEN",
+    "AGENT_HEARTBEAT_S",
     "DEFAULT_TASK_QUEUE",
     "QUEUE_TIMEOUT_S",
     "ERR_CONFIG",
@@ -65,6 +66,8 @@ __all__ = [
 DEFAULT_TASK_QUEUE = "rollouts"
 QUEUE_TIMEOUT_S = 30.0
 """How long a step waits on a substrate's own queue before its worker counts as gone."""
+AGENT_HEARTBEAT_S = 25.0
+"""The agent step's heartbeat timeout: a dead worker's agent step is retried within it."""
 MAX_CONCURRENT = 1500
 """The most rollouts one batch keeps in flight (TasksetRun children)."""
 
@@ -187,6 +190,7 @@ class TasksetRunInput(_Model):
     local_steps: bool = True  # fast local substrate: provision/teardown as local activities too
     # A substrate's own (host or process) queue unpolled this long: its worker is gone.
     queue_timeout_s: float = Field(default=QUEUE_TIMEOUT_S, gt=0)
+    agent_heartbeat_s: float = Field(default=AGENT_HEARTBEAT_S, gt=0)  # as ``RolloutInput``'s
     # The substrate lives in the worker process that opens it and dies with it (``LocalRuntime``):
     # in layout 4 its whole rollout is one agent step.
     ephemeral: bool = False
@@ -253,6 +257,8 @@ class RolloutInput(_Model):
     # How long a step may wait on the substrate's own (host or process) queue before that
     # worker, and the substrate with it, count as gone (schedule-to-start).
     queue_timeout_s: float = Field(default=QUEUE_TIMEOUT_S, gt=0)
+    # The agent step's heartbeat timeout (an activity option: changing it is replay-safe).
+    agent_heartbeat_s: float = Field(default=AGENT_HEARTBEAT_S, gt=0)
     policy: PolicyRef | None = None  # the trainer's policy this rollout samples with
     # The history shape the parent chose, kept in the child's start event (replay-safe like a
     # patch marker, at no cost): ``CARD_LAYOUT`` = the card's steps; 0-4 = earlier releases'

@@ -212,7 +212,7 @@ async def _progress(client: Any, rollout: Any) -> tuple[str, dict[str, Any]]:
     if details is None and isinstance(metadata, dict):
         details = metadata.get("currentDetails", metadata.get("current_details"))
     beat: dict[str, Any] = {}
-    for _ in range(40):  # heartbeats are throttled: wait for one with details
+    for _ in range(250):  # heartbeats are throttled (one per 20 s): wait for one with details
         desc = await rollout.describe()
         pending = desc.raw_description.pending_activities
         if pending and pending[0].heartbeat_details.payloads:

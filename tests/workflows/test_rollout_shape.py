@@ -194,10 +194,11 @@ async def test_an_agent_that_stops_heartbeating_is_retried_after_its_heartbeat_t
 
     async def hang_first(n: int) -> None:
         if n == 1:
-            await asyncio.sleep(30)  # no heartbeat: the 5 s heartbeat timeout fires first
+            await asyncio.sleep(30)  # no heartbeat: the 3 s heartbeat timeout fires first
 
     stubs.agent_behaviour = hang_first
-    result, history = await _run(env.client, stubs, _input(f"q-{uuid.uuid4().hex[:8]}"))
+    result, history = await _run(env.client, stubs, _input(f"q-{uuid.uuid4().hex[:8]}",
+                                                           agent_heartbeat_s=3.0))
     assert result.status == "succeeded"
     assert step_names(history) == CARD
     started = [e.activity_task_started_event_attributes for e in history.events
