@@ -122,9 +122,11 @@ class RolloutWorker:
     """One or more temporalio Workers (shared queue + this host's/process's queues), plus the
     orphan sweep every ``gc_every_s`` seconds while they run (0 = none)."""
 
-    def __init__(self, workers: list[Worker], queues: Queues, *, gc_every_s: float = 0.0) -> None:
+    def __init__(self, workers: list[Worker], queues: Queues, *, gc_every_s: float = 0.0,
+                 slots: int = DEFAULT_SLOTS) -> None:
         self.workers = workers
         self.queues = queues
+        self.slots = slots  # activity slots per queue: rollouts it holds in flight at once
         self.gc_every_s = gc_every_s
         self._task: asyncio.Task[Any] | None = None
 
@@ -250,7 +252,7 @@ def build_worker(client: Client, *, task_queue: str = DEFAULT_TASK_QUEUE, host_q
     for queue in queues.extra:
         workers.append(Worker(client, task_queue=queue, activities=parts.step_activities, **common))
         workers.append(liveness_worker(client, queue, identity=common["identity"]))
-    return RolloutWorker(workers, queues, gc_every_s=gc_every_s)
+    return RolloutWorker(workers, queues, gc_every_s=gc_every_s, slots=max_concurrent_activities)
 
 
 def liveness_worker(client: Client, queue: str, *, identity: str) -> Worker:

@@ -27,7 +27,7 @@ from typing import Any
 from temporalio.client import Client, WorkflowExecutionStatus, WorkflowHandle
 from temporalio.common import SearchAttributeKey, SearchAttributePair, TypedSearchAttributes
 
-from durable_rollouts.capacity import DEFAULT_SLOTS, slots_for
+from durable_rollouts.capacity import slots_for
 from durable_rollouts.errors import ConfigError
 from durable_rollouts.models import Task
 from durable_rollouts.release import MEMO_KEY, release_name
@@ -90,15 +90,16 @@ async def _client(temporal: Any) -> tuple[Client, bool]:
 
 
 async def _ensure_worker(client: Client, task_queue: str, max_concurrent: int | None = None) -> lifetime.Lease:
-    """A lease on this loop's in-process worker for ``task_queue`` sized to hold
-    ``max_concurrent`` rollouts (``capacity.slots_for``), started if none of that size runs; a
-    wider batch gets a wider worker of its own on the same queue, never a silent cap."""
+    """A lease on this loop's in-process worker for ``task_queue`` with room for
+    ``max_concurrent`` more rollouts: one running already if its slots hold them on top of its
+    other batches', else a new one sized for them (``capacity.slots_for``) on the same queue;
+    never a silent cap."""
     from durable_rollouts.worker import build_worker  # lazy: activities pull in the whole sdk
 
     slots = slots_for(max_concurrent)
-    key = (id(client), task_queue) if slots == DEFAULT_SLOTS else (id(client), task_queue, slots)
-    return await lifetime.lease(key, lambda: build_worker(client, task_queue=task_queue,
-                                                           max_concurrent_activities=slots))
+    return await lifetime.lease_wide((id(client), task_queue), max_concurrent or 0,
+                                     lambda: build_worker(client, task_queue=task_queue,
+                                                          max_concurrent_activities=slots))
 
 
 async def shutdown_embedded() -> None:
