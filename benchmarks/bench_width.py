@@ -17,7 +17,9 @@ several batches started together on the same worker. Prints, per N:
 
 The plain baseline is the ideal: W seconds of wall and no CPU while the agents wait.
 
-    python benchmarks/bench_width.py [--n 500,2000,5000] [--wait 60] [--window 20]
+``--tuner resource`` runs the same on a worker with temporalio's resource-based tuner instead.
+
+    python benchmarks/bench_width.py [--n 500,2000,5000] [--wait 60] [--window 20] [--tuner fixed|resource]
 """
 
 from __future__ import annotations
@@ -29,33 +31,13 @@ import math
 import os
 import time
 from pathlib import Path
-from typing import ClassVar
 
 import psutil
 from _common import LETTERS, letter_tasks, private_home
-
-from durable_rollouts import Agent
+from _width_agent import WaitAgent
 
 
 BASELINE_S = 5.0  # seconds of sampling with nothing in flight, before each width
-
-
-class WaitAgent(Agent):
-    """Sleeps ``seconds`` (an agent waiting on a model server), then answers; counts how many
-    are waiting at once in this process (the in-process worker runs it here)."""
-
-    seconds: float = 60.0
-    waiting: ClassVar[int] = 0
-    started: ClassVar[int] = 0
-
-    async def __call__(self, run) -> None:  # type: ignore[no-untyped-def]
-        type(self).waiting += 1
-        type(self).started += 1
-        try:
-            await asyncio.sleep(self.seconds)
-        finally:
-            type(self).waiting -= 1
-        run.trace.content = "2"
 
 
 def _cpu(proc: psutil.Process) -> float:
@@ -75,10 +57,33 @@ async def _plateau(n: int, deadline: float) -> int:
     return WaitAgent.waiting
 
 
-async def one(n: int, wait: float, window: float, server: psutil.Process) -> dict[str, float]:
+def _resource_worker(client, n: int):  # type: ignore[no-untyped-def]
+    """A worker on its own queue with temporalio's resource-based tuner (slots up to the width,
+    handed out while memory < 80% and CPU < 90%, one per 50 ms past the first: its defaults)."""
+    from temporalio.worker import ResourceBasedSlotConfig, WorkerTuner
+
+    from durable_rollouts.capacity import slots_for
+    from durable_rollouts.worker import build_worker
+
+    most = ResourceBasedSlotConfig(maximum_slots=slots_for(n))
+    tuner = WorkerTuner.create_resource_based(target_memory_usage=0.8, target_cpu_usage=0.9,
+                                              activity_config=most, local_activity_config=most)
+    queue = f"width-resource-{n}"
+    return build_worker(client, task_queue=queue, tuner=tuner), queue
+
+
+async def one(n: int, wait: float, window: float, server: psutil.Process, tuner: str) -> dict[str, float]:
     from durable_rollouts import LocalRuntime, Taskset
-    from durable_rollouts.temporal.batches import start_job
+    from durable_rollouts.temporal.batches import _client, start_job
     from durable_rollouts.workflows.types import MAX_CONCURRENT
+
+    own: dict[str, object] = {}
+    worker = None
+    if tuner == "resource":
+        client, _ = await _client(None)
+        worker, queue = _resource_worker(client, n)
+        await worker.__aenter__()
+        own = {"worker": False, "temporal": client, "task_queue": queue}
 
     me = psutil.Process()
     rss0 = me.memory_info().rss
@@ -96,7 +101,7 @@ async def one(n: int, wait: float, window: float, server: psutil.Process) -> dic
         taskset = Taskset(f"width-{n}-{i}", rows[offset:offset + size])
         offset += size
         handles.append(await start_job(taskset, WaitAgent(seconds=wait), runtime=LocalRuntime(LETTERS),
-                                       max_concurrent=size))
+                                       max_concurrent=size, **own))  # type: ignore[arg-type]
     started_all = time.perf_counter() - t0
     reached = await _plateau(n, time.monotonic() + wait * 0.6)
     ramp = time.perf_counter() - t0
@@ -108,6 +113,8 @@ async def one(n: int, wait: float, window: float, server: psutil.Process) -> dic
     in_flight = WaitAgent.waiting
     jobs = await asyncio.gather(*(h.wait() for h in handles))
     wall = time.perf_counter() - t0
+    if worker is not None:
+        await worker.__aexit__(None, None, None)
     runs = [r for job in jobs for r in job.runs]
     per_idle = 1000.0 / max(1, in_flight) / idle_window
     return {
@@ -123,7 +130,7 @@ async def one(n: int, wait: float, window: float, server: psutil.Process) -> dic
     }
 
 
-async def main(ns: list[int], wait: float, window: float) -> None:
+async def main(ns: list[int], wait: float, window: float, tuner: str) -> None:
     from durable_rollouts import LocalRuntime, Taskset
     from durable_rollouts.temporal.batches import shutdown_embedded, start_job
 
@@ -136,7 +143,7 @@ async def main(ns: list[int], wait: float, window: float) -> None:
           f"{'idle worker ms/s':>16} {'idle server ms/s':>16} {'idle total':>10} {'net of base':>11} "
           f"{'reprov':>6} {'not ok':>6}")
     for n in ns:
-        r = await one(n, wait, window, server)
+        r = await one(n, wait, window, server, tuner)
         print(f"{n:>6} {wait:>5.0f} {r['wall']:>7.1f} {r['ratio']:>5.2f} {r['ramp_s']:>7.1f} "
               f"{r['in_flight']:>8.0f} {r['rss_kib']:>15.0f} {r['worker_ms']:>17.1f} "
               f"{r['server_ms']:>17.1f} {r['idle_worker']:>16.3f} {r['idle_server']:>16.3f} "
@@ -153,6 +160,10 @@ if __name__ == "__main__":
     parser.add_argument("--n", default="500,2000,5000", help="comma-separated widths")
     parser.add_argument("--wait", type=float, default=60.0, help="seconds each agent waits (W)")
     parser.add_argument("--window", type=float, default=20.0, help="seconds of idle sampling")
+    parser.add_argument("--tuner", choices=["fixed", "resource"], default="fixed",
+                        help="fixed: Taskset.run's in-process worker, slots sized from the width; "
+                             "resource: a worker with temporalio's resource-based tuner")
     args = parser.parse_args()
+    print(f"tuner={args.tuner}", flush=True)
     with private_home():
-        asyncio.run(main([int(x) for x in args.n.split(",")], args.wait, args.window))
+        asyncio.run(main([int(x) for x in args.n.split(",")], args.wait, args.window, args.tuner))

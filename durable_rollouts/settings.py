@@ -92,7 +92,7 @@ class Settings(BaseModel):
         "answers and the step waits again; otherwise the worker, and the substrate, count as gone "
         "and the rollout reprovisions on a live worker (set when a batch starts).", gt=0)
     agent_heartbeat: float = _var(
-        "ROLLOUTS_AGENT_HEARTBEAT", 25.0, "Heartbeat timeout in seconds of the agent step: a dead "
+        "ROLLOUTS_AGENT_HEARTBEAT", 20.0, "Heartbeat timeout in seconds of the agent step: a dead "
         "worker's agent step is retried on a live one within it. Each waiting agent costs one "
         "heartbeat per 80% of it (set when a batch starts).", gt=0)
     daytona_known_hosts: Path | None = _var(

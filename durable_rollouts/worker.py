@@ -39,6 +39,7 @@ from temporalio.worker import (
     Worker,
     WorkflowInboundInterceptor,
     WorkflowInterceptorClassInput,
+    WorkerTuner,
 )
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
 
@@ -67,7 +68,7 @@ GC_EVERY_ENV = var("gc_every")
 
 WORKFLOWS = [TasksetRun, Rollout]
 # Heartbeats reach the server once per 80% of the step's heartbeat timeout (temporalio's
-# throttle), at most this far apart: the agent step's 25 s gives one per 20 s. Steps with no
+# throttle), at most this far apart: the agent step's 20 s gives one per 16 s. Steps with no
 # heartbeat timeout that beat anyway send one per HEARTBEAT_THROTTLE_DEFAULT.
 HEARTBEAT_THROTTLE = timedelta(seconds=60)
 HEARTBEAT_THROTTLE_DEFAULT = timedelta(seconds=2)
@@ -193,7 +194,7 @@ def build_worker(client: Client, *, task_queue: str = DEFAULT_TASK_QUEUE, host_q
                  max_concurrent_workflow_tasks: int | None = None, trace_store: TraceStore | None = None,
                  sandbox: bool | None = None, identity: str | None = None,
                  graceful_shutdown_s: float = 5.0, gc_every_s: float = 0.0,
-                 interceptors: Sequence[Interceptor] = ()) -> RolloutWorker:
+                 interceptors: Sequence[Interceptor] = (), tuner: WorkerTuner | None = None) -> RolloutWorker:
     """Build (not start) the worker for ``client``.
 
     Args:
@@ -217,6 +218,9 @@ def build_worker(client: Client, *, task_queue: str = DEFAULT_TASK_QUEUE, host_q
             ``client`` about their workflows (``durable_rollouts.gc.sweep``); 0 = never.
         interceptors: extra temporalio worker interceptors (outermost first), e.g. the test
             suite's fault injection; the worker's own ``OwnerInterceptor`` runs inside them.
+        tuner: a temporalio ``WorkerTuner`` instead of the fixed slot counts (e.g. the
+            resource-based one, compared in ``benchmarks/bench_width.py --tuner resource``; the
+            fixed slots sized from max_concurrent hold a wide batch sooner: see README Limits).
     """
     if host_queue == "auto":
         host_queue = host_queue_name(task_queue)
@@ -230,9 +234,12 @@ def build_worker(client: Client, *, task_queue: str = DEFAULT_TASK_QUEUE, host_q
     parts = worker_parts(queues, trace_store=trace_store, interceptors=interceptors)
     runner = SandboxedWorkflowRunner(
         restrictions=SandboxRestrictions.default.with_passthrough_modules("durable_rollouts"))
-    common: dict[str, Any] = {
+    slot_options: dict[str, Any] = {"tuner": tuner} if tuner is not None else {
         "max_concurrent_activities": max_concurrent_activities,
         "max_concurrent_local_activities": max_concurrent_activities,
+    }
+    common: dict[str, Any] = {
+        **slot_options,
         "max_heartbeat_throttle_interval": HEARTBEAT_THROTTLE,
         "default_heartbeat_throttle_interval": HEARTBEAT_THROTTLE_DEFAULT,
         "graceful_shutdown_timeout": timedelta(seconds=graceful_shutdown_s),
@@ -242,7 +249,7 @@ def build_worker(client: Client, *, task_queue: str = DEFAULT_TASK_QUEUE, host_q
     workers = [Worker(
         client, task_queue=task_queue, workflows=parts.workflows, activities=parts.activities,
         workflow_runner=runner if sandbox else _unsandboxed(),
-        max_concurrent_workflow_tasks=max_concurrent_workflow_tasks,
+        **({} if tuner is not None else {"max_concurrent_workflow_tasks": max_concurrent_workflow_tasks}),
         max_cached_workflows=max(DEFAULT_CACHED_WORKFLOWS, max_concurrent_activities + SLOT_CACHE_MARGIN),
         workflow_task_poller_behavior=PollerBehaviorSimpleMaximum(maximum=WORKFLOW_TASK_POLLS),
         nonsticky_to_sticky_poll_ratio=NONSTICKY_POLL_RATIO,

@@ -55,7 +55,7 @@ __all__ = ["Queues", "RolloutActivities"]
 T = TypeVar("T")
 
 # The background beat of long steps: every BEAT_S, or BEAT_FRACTION of the step's heartbeat
-# timeout when that is longer (the agent's 25 s: every 5 s), the first after one interval, so a
+# timeout when that is longer (the agent's 20 s: every 4 s), the first after one interval, so a
 # step shorter than that sends no heartbeat (each heartbeat is a write of the workflow's state on
 # the server). A step that begins running more than one interval after the server started it
 # beats at once: an eagerly dispatched step counts as started before a busy worker gets to run

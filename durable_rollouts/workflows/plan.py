@@ -96,8 +96,8 @@ def build_plan(inp: RolloutInput) -> RolloutPlan:
     agent_limit = (timedelta(seconds=inp.rollout_timeout_s) + AGENT_TIMEOUT_SLACK
                    if inp.rollout_timeout_s else AGENT_NO_TIMEOUT)
     minutes, seconds = (lambda n: timedelta(minutes=n)), (lambda n: timedelta(seconds=n))
-    # The agent's heartbeat timeout is long (25 s by default): temporalio sends one heartbeat per
-    # 80% of it, so a waiting agent costs the server one write per 20 s (issue #42).
+    # The agent's heartbeat timeout is long (20 s by default): temporalio sends one heartbeat per
+    # 80% of it, so a waiting agent costs the server one write per 16 s (issue #42).
     steps = [  # step, activity, phase, start-to-close, attempts, heartbeat, local when reachable
         StepOptions("provision", ACT_PROVISION, "provisioning", minutes(10), 5, seconds(10), fast),
         StepOptions("connect", ACT_CONNECT, "connecting", minutes(2), 3, None, True),

@@ -66,7 +66,7 @@ __all__ = [
 DEFAULT_TASK_QUEUE = "rollouts"
 QUEUE_TIMEOUT_S = 30.0
 """How long a step waits on a substrate's own queue before its worker counts as gone."""
-AGENT_HEARTBEAT_S = 25.0
+AGENT_HEARTBEAT_S = 20.0
 """The agent step's heartbeat timeout: a dead worker's agent step is retried within it."""
 MAX_CONCURRENT = 1500
 """The most rollouts one batch keeps in flight (TasksetRun children)."""

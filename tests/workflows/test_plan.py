@@ -20,7 +20,7 @@ def _input(task: Task | None = None, **extra: object) -> RolloutInput:
 def test_the_plan_lists_the_card_steps_and_the_agent_heartbeats() -> None:
     plan = build_plan(_input())
     assert plan.names == CARD
-    assert plan["agent"].heartbeat == timedelta(seconds=25) and not plan["agent"].local
+    assert plan["agent"].heartbeat == timedelta(seconds=20) and not plan["agent"].local
     assert all(plan[s].retry.maximum_attempts >= 3 for s in CARD)
 
 
