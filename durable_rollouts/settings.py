@@ -88,8 +88,13 @@ class Settings(BaseModel):
         shown="the first of `~/.ssh/id_ed25519`, `id_ecdsa`, `id_rsa`")
     queue_timeout: float = _var(
         "ROLLOUTS_QUEUE_TIMEOUT", 30.0, "Seconds a rollout step may wait on its substrate's own "
-        "(host or process) queue before that worker, and the substrate, count as gone and the "
-        "rollout reprovisions on a live worker (set when a batch starts).", gt=0)
+        "(host or process) queue before that queue is probed: a live worker with every slot busy "
+        "answers and the step waits again; otherwise the worker, and the substrate, count as gone "
+        "and the rollout reprovisions on a live worker (set when a batch starts).", gt=0)
+    agent_heartbeat: float = _var(
+        "ROLLOUTS_AGENT_HEARTBEAT", 20.0, "Heartbeat timeout in seconds of the agent step: a dead "
+        "worker's agent step is retried on a live one within it. Each waiting agent costs one "
+        "heartbeat per 80% of it (set when a batch starts).", gt=0)
     daytona_known_hosts: Path | None = _var(
         "ROLLOUTS_DAYTONA_KNOWN_HOSTS", None, "known_hosts file the Daytona SSH gateway's host "
         "key is checked against; unset, it is not checked (Daytona publishes none).")

@@ -39,10 +39,13 @@ from temporalio.worker import (
     Worker,
     WorkflowInboundInterceptor,
     WorkflowInterceptorClassInput,
+    WorkerTuner,
 )
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
 
 from durable_rollouts.activities import Queues, RolloutActivities, TasksetActivities
+from durable_rollouts.activities.liveness import LIVENESS_SLOTS, queue_alive
+from durable_rollouts.capacity import DEFAULT_SLOTS, check_capacity, register_slots, slots_for
 from durable_rollouts.activities.owner import OwnerInterceptor
 from durable_rollouts.errors import ConfigError
 from durable_rollouts.release import worker_identity
@@ -52,10 +55,11 @@ from durable_rollouts.settings import WORKER_READY, Settings, settings, var
 from durable_rollouts.temporal.eviction import evict_cached
 from durable_rollouts.temporal.storage import storage_url
 from durable_rollouts.workflows import Rollout, TasksetRun
+from durable_rollouts.workflows.queue_probe import alive_queue
 from durable_rollouts.workflows.types import DEFAULT_TASK_QUEUE
 
 __all__ = ["DEFAULT_GC_EVERY_S", "RolloutWorker", "WorkerParts", "build_worker", "host_queue_name",
-           "main", "process_queue_name", "run_worker", "worker_parts"]
+           "liveness_worker", "main", "process_queue_name", "run_worker", "worker_parts"]
 
 log = logging.getLogger(__name__)
 
@@ -63,11 +67,18 @@ DEFAULT_GC_EVERY_S: float = Settings.model_fields["gc_every"].default  # 0 disab
 GC_EVERY_ENV = var("gc_every")
 
 WORKFLOWS = [TasksetRun, Rollout]
-# Heartbeats reach the server at most this often (activities/rollout.py beats twice as often).
-HEARTBEAT_THROTTLE = timedelta(seconds=2)
+# Heartbeats reach the server once per 80% of the step's heartbeat timeout (temporalio's
+# throttle), at most this far apart: the agent step's 20 s gives one per 16 s. Steps with no
+# heartbeat timeout that beat anyway send one per HEARTBEAT_THROTTLE_DEFAULT.
+HEARTBEAT_THROTTLE = timedelta(seconds=60)
+HEARTBEAT_THROTTLE_DEFAULT = timedelta(seconds=2)
 # Workflow-task polls: temporalio's default is 5, of which the non-sticky queue, where every new
 # Rollout's first task waits, gets 5 x 0.2 = 1.
 WORKFLOW_TASK_POLLS = 5
+# Sticky workflow cache: temporalio's default 1,000, or every in-flight Rollout plus its batches;
+# an evicted Rollout replays its whole history on its next task (CPU per waiting rollout).
+DEFAULT_CACHED_WORKFLOWS = 1000
+SLOT_CACHE_MARGIN = 100
 NONSTICKY_POLL_RATIO = 0.2
 
 
@@ -112,9 +123,11 @@ class RolloutWorker:
     """One or more temporalio Workers (shared queue + this host's/process's queues), plus the
     orphan sweep every ``gc_every_s`` seconds while they run (0 = none)."""
 
-    def __init__(self, workers: list[Worker], queues: Queues, *, gc_every_s: float = 0.0) -> None:
+    def __init__(self, workers: list[Worker], queues: Queues, *, gc_every_s: float = 0.0,
+                 slots: int = DEFAULT_SLOTS) -> None:
         self.workers = workers
         self.queues = queues
+        self.slots = slots  # activity slots per queue: rollouts it holds in flight at once
         self.gc_every_s = gc_every_s
         self._task: asyncio.Task[Any] | None = None
 
@@ -177,11 +190,11 @@ def worker_parts(queues: Queues, *, trace_store: TraceStore | None = None,
 
 
 def build_worker(client: Client, *, task_queue: str = DEFAULT_TASK_QUEUE, host_queue: str | None = None,
-                 process_queue: str | None = None, max_concurrent_activities: int = 500,
+                 process_queue: str | None = None, max_concurrent_activities: int = DEFAULT_SLOTS,
                  max_concurrent_workflow_tasks: int | None = None, trace_store: TraceStore | None = None,
                  sandbox: bool | None = None, identity: str | None = None,
                  graceful_shutdown_s: float = 5.0, gc_every_s: float = 0.0,
-                 interceptors: Sequence[Interceptor] = ()) -> RolloutWorker:
+                 interceptors: Sequence[Interceptor] = (), tuner: WorkerTuner | None = None) -> RolloutWorker:
     """Build (not start) the worker for ``client``.
 
     Args:
@@ -191,7 +204,11 @@ def build_worker(client: Client, *, task_queue: str = DEFAULT_TASK_QUEUE, host_q
             (single-host mode, which keeps eager activity dispatch); ``"auto"`` = ``<queue>@<host>``.
         process_queue: this process's queue for in-process substrates; None = ``host_queue``;
             ``"auto"`` = ``<queue>@<host>:<pid>``.
-        max_concurrent_activities: activity slots per polled queue (agents mostly wait on I/O).
+        max_concurrent_activities: activity slots per polled queue (agents mostly wait on I/O);
+            ``capacity.slots_for(max_concurrent)`` for a worker that holds that many rollouts.
+            Also sizes the workflow cache, so every in-flight Rollout stays cached. A number the
+            process's file-descriptor limit or memory cannot hold is warned about
+            (``capacity.check_capacity``).
         sandbox: run workflows in temporalio's sandbox or unsandboxed (faster); None reads
             ``ROLLOUTS_WORKFLOW_SANDBOX`` (default off: these workflows import only pure models,
             and the purity and replay tests guard them; the sandbox costs ~30% worker CPU).
@@ -201,6 +218,9 @@ def build_worker(client: Client, *, task_queue: str = DEFAULT_TASK_QUEUE, host_q
             ``client`` about their workflows (``durable_rollouts.gc.sweep``); 0 = never.
         interceptors: extra temporalio worker interceptors (outermost first), e.g. the test
             suite's fault injection; the worker's own ``OwnerInterceptor`` runs inside them.
+        tuner: a temporalio ``WorkerTuner`` instead of the fixed slot counts (e.g. the
+            resource-based one, compared in ``benchmarks/bench_width.py --tuner resource``; the
+            fixed slots sized from max_concurrent hold a wide batch sooner: see README Limits).
     """
     if host_queue == "auto":
         host_queue = host_queue_name(task_queue)
@@ -209,14 +229,19 @@ def build_worker(client: Client, *, task_queue: str = DEFAULT_TASK_QUEUE, host_q
     if sandbox is None:
         sandbox = settings().workflow_sandbox
     queues = Queues(shared=task_queue, host=host_queue, process=process_queue)
+    check_capacity(max_concurrent_activities)
+    register_slots(max_concurrent_activities)
     parts = worker_parts(queues, trace_store=trace_store, interceptors=interceptors)
     runner = SandboxedWorkflowRunner(
         restrictions=SandboxRestrictions.default.with_passthrough_modules("durable_rollouts"))
-    common: dict[str, Any] = {
+    slot_options: dict[str, Any] = {"tuner": tuner} if tuner is not None else {
         "max_concurrent_activities": max_concurrent_activities,
         "max_concurrent_local_activities": max_concurrent_activities,
+    }
+    common: dict[str, Any] = {
+        **slot_options,
         "max_heartbeat_throttle_interval": HEARTBEAT_THROTTLE,
-        "default_heartbeat_throttle_interval": HEARTBEAT_THROTTLE,
+        "default_heartbeat_throttle_interval": HEARTBEAT_THROTTLE_DEFAULT,
         "graceful_shutdown_timeout": timedelta(seconds=graceful_shutdown_s),
         "identity": identity or worker_identity(),  # names the release in every task it fails
         "interceptors": parts.interceptors,
@@ -224,7 +249,8 @@ def build_worker(client: Client, *, task_queue: str = DEFAULT_TASK_QUEUE, host_q
     workers = [Worker(
         client, task_queue=task_queue, workflows=parts.workflows, activities=parts.activities,
         workflow_runner=runner if sandbox else _unsandboxed(),
-        max_concurrent_workflow_tasks=max_concurrent_workflow_tasks,
+        **({} if tuner is not None else {"max_concurrent_workflow_tasks": max_concurrent_workflow_tasks}),
+        max_cached_workflows=max(DEFAULT_CACHED_WORKFLOWS, max_concurrent_activities + SLOT_CACHE_MARGIN),
         workflow_task_poller_behavior=PollerBehaviorSimpleMaximum(maximum=WORKFLOW_TASK_POLLS),
         nonsticky_to_sticky_poll_ratio=NONSTICKY_POLL_RATIO,
         sticky_queue_schedule_to_start_timeout=timedelta(seconds=5),
@@ -232,7 +258,17 @@ def build_worker(client: Client, *, task_queue: str = DEFAULT_TASK_QUEUE, host_q
     )]
     for queue in queues.extra:
         workers.append(Worker(client, task_queue=queue, activities=parts.step_activities, **common))
-    return RolloutWorker(workers, queues, gc_every_s=gc_every_s)
+        workers.append(liveness_worker(client, queue, identity=common["identity"]))
+    return RolloutWorker(workers, queues, gc_every_s=gc_every_s, slots=max_concurrent_activities)
+
+
+def liveness_worker(client: Client, queue: str, *, identity: str) -> Worker:
+    """Answers liveness probes for ``queue`` (``workflows.queue_probe``) with its own poller and
+    slots, so a worker whose step slots on ``queue`` are all taken still shows it is alive."""
+    return Worker(client, task_queue=alive_queue(queue), activities=[queue_alive],
+                  max_concurrent_activities=LIVENESS_SLOTS,
+                  activity_task_poller_behavior=PollerBehaviorSimpleMaximum(maximum=1),
+                  graceful_shutdown_timeout=timedelta(seconds=1), identity=identity)
 
 
 def _unsandboxed() -> Any:
@@ -243,7 +279,7 @@ def _unsandboxed() -> Any:
 
 async def run_worker(address: str | None = None, *, task_queue: str = DEFAULT_TASK_QUEUE,
                      host_queue: str | None = None, process_queue: str | None = "auto",
-                     max_concurrent_activities: int = 500, stop: asyncio.Event | None = None,
+                     max_concurrent_activities: int = DEFAULT_SLOTS, stop: asyncio.Event | None = None,
                      gc_every_s: float = DEFAULT_GC_EVERY_S,
                      interceptors: Sequence[Interceptor] = ()) -> None:
     """Connect and run a worker until ``stop`` is set or SIGTERM/SIGINT arrives."""
@@ -282,7 +318,10 @@ def main(argv: list[str] | None = None, *, interceptors: Sequence[Interceptor] =
     parser.add_argument("--task-queue", default=DEFAULT_TASK_QUEUE)
     parser.add_argument("--host-queue", default=None, help="'auto' = <queue>@<hostname>")
     parser.add_argument("--process-queue", default="auto", help="'auto' = <queue>@<host>:<pid>")
-    parser.add_argument("--max-concurrent-activities", type=int, default=500)
+    parser.add_argument("--max-concurrent-activities", type=int, default=None,
+                        help=f"activity slots per queue (default {DEFAULT_SLOTS}, or sized by --max-concurrent)")
+    parser.add_argument("--max-concurrent", type=int, default=None,
+                        help="rollouts this worker holds in flight (sizes its slots)")
     parser.add_argument("--gc-every", type=gc_every, metavar="SECONDS", default=None,
                         help=f"remove orphaned substrates every SECONDS (0 = never; default "
                              f"${GC_EVERY_ENV}, else {DEFAULT_GC_EVERY_S:g})")
@@ -294,7 +333,8 @@ def main(argv: list[str] | None = None, *, interceptors: Sequence[Interceptor] =
     logging.basicConfig(level=config.log_level or "WARNING")
     asyncio.run(run_worker(args.temporal, task_queue=args.task_queue, host_queue=args.host_queue,
                            process_queue=args.process_queue,
-                           max_concurrent_activities=args.max_concurrent_activities,
+                           max_concurrent_activities=args.max_concurrent_activities
+                           or slots_for(args.max_concurrent),
                            gc_every_s=config.gc_every if args.gc_every is None else args.gc_every,
                            interceptors=interceptors))
 

@@ -136,7 +136,7 @@ def test_the_graph_sees_function_level_imports() -> None:
 LAYERS: tuple[frozenset[str], ...] = tuple(frozenset(layer) for layer in (
     # pure and shared by every layer
     {"models", "protocol", "errors", "step_io", "settings", "paths", "locks", "backoff",
-     "processes", "streams", "release", "hud_detect", "graders", "moved", "ids", "_lazy"},
+     "processes", "streams", "release", "hud_detect", "graders", "moved", "ids", "_lazy", "capacity"},
     {"envserver", "client", "stores"},  # the env side, the control-channel client, claim checks
     {"runtimes"},  # where an env runs
     {"steps"},  # the card's steps and the plan

@@ -58,14 +58,16 @@ __all__ = ["Queues", "RolloutActivities"]
 
 T = TypeVar("T")
 
-# The background beat of long steps: every BEAT_S, the first after BEAT_S, so a step shorter
-# than that sends no heartbeat (each heartbeat is a write of the workflow's state on the server).
-# A step that begins running more than BEAT_S after the server started it beats at once: an
-# eagerly dispatched step counts as started before a busy worker gets to run it, and its
-# heartbeat timeout runs from then. The worker sends at most one heartbeat per 2 s
-# (worker.HEARTBEAT_THROTTLE); beating at half that keeps a loop stall of ~3 s inside the
-# agent's 5 s heartbeat timeout.
+# The background beat of long steps: every BEAT_S, or BEAT_FRACTION of the step's heartbeat
+# timeout when that is longer (the agent's 20 s: every 4 s), the first after one interval, so a
+# step shorter than that sends no heartbeat (each heartbeat is a write of the workflow's state on
+# the server). A step that begins running more than one interval after the server started it
+# beats at once: an eagerly dispatched step counts as started before a busy worker gets to run
+# it, and its heartbeat timeout runs from then. temporalio sends at most one heartbeat per 80%
+# of the timeout (worker.HEARTBEAT_THROTTLE caps that); beating at a fifth of the timeout keeps
+# a loop stall of 60% of it inside the timeout.
 BEAT_S = 1.0
+BEAT_FRACTION = 0.2
 
 
 def _started_late(info: activity.Info, beat_s: float) -> bool:
@@ -134,13 +136,16 @@ class RolloutActivities:
 
     async def beating(self, step: Awaitable[T],
                       details: Callable[[], tuple[Any, ...]] | None = None) -> T:
-        """Await ``step`` while heartbeating every ``beat_s``.
+        """Await ``step`` while heartbeating every ``beat_s`` (or a fifth of its heartbeat timeout).
 
         The beats are loop timers (``call_later`` keeps the activity's context), so the step runs
         in this task, as if awaited directly: no task and no wait per beat interval."""
         info = activity.info()
         if info.is_local:  # local activities do not heartbeat: no beat at all
             return await step
+        every = self.beat_s
+        if info.heartbeat_timeout:
+            every = max(every, info.heartbeat_timeout.total_seconds() * BEAT_FRACTION)
 
         def beat() -> None:
             activity.heartbeat(*(details() if details is not None else ()))
@@ -148,12 +153,12 @@ class RolloutActivities:
         def tick() -> None:
             nonlocal timer
             beat()
-            timer = loop.call_later(self.beat_s, tick)
+            timer = loop.call_later(every, tick)
 
         loop = asyncio.get_running_loop()
-        if _started_late(info, self.beat_s):  # its heartbeat timeout has been running
+        if _started_late(info, every):  # its heartbeat timeout has been running
             beat()
-        timer = loop.call_later(self.beat_s, tick)
+        timer = loop.call_later(every, tick)
         try:
             return await step
         finally:

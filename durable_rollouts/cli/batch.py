@@ -93,13 +93,16 @@ def _address(client: Any) -> str:
 
 
 @contextlib.asynccontextmanager
-async def _in_process_worker(client: Any, task_queue: str, enabled: bool) -> AsyncIterator[None]:
+async def _in_process_worker(client: Any, task_queue: str, enabled: bool,
+                             max_concurrent: int | None = None) -> AsyncIterator[None]:
     if not enabled:
         yield
         return
+    from ..capacity import slots_for
     from ..worker import build_worker
 
-    async with build_worker(client, task_queue=task_queue):
+    async with build_worker(client, task_queue=task_queue,
+                            max_concurrent_activities=slots_for(max_concurrent)):
         yield
 
 
@@ -423,7 +426,8 @@ async def resume_job(
     rerun = sum(len(p.rerun) for p in plans)
     async with contextlib.AsyncExitStack() as stack:
         for queue in sorted(queues):
-            await stack.enter_async_context(_in_process_worker(client, queue, in_process))
+            width = sum(p.batch.input.max_concurrent for p in plans if p.batch.input.task_queue == queue)
+            await stack.enter_async_context(_in_process_worker(client, queue, in_process, width))
         handles = [
             await start_resume(client, view.job_id, plan, retries=retries, on_error=on_error)
             for plan in plans

@@ -159,12 +159,15 @@ async def run_worker(
     connect_timeout: float,
     out: Console,
     gc_every_s: float | None = None,
+    max_concurrent: int | None = None,
 ) -> int:
     """Poll ``task_queue`` until Ctrl-C/SIGTERM (or, with ``until_job``, until that job closed),
-    sweeping orphaned substrates every ``gc_every_s`` seconds (0 = never). None: the settings'
+    sweeping orphaned substrates every ``gc_every_s`` seconds (0 = never), with slots for
+    ``max_concurrent`` rollouts in flight (``capacity.slots_for``). None: the settings'
     ``ROLLOUTS_TASK_QUEUE`` / ``ROLLOUTS_GC_EVERY``."""
     from ..temporal.control import wait_closed
     from ..temporal.jobs import connect
+    from ..capacity import slots_for
     from ..worker import build_worker
 
     config = settings()
@@ -178,6 +181,7 @@ async def run_worker(
         host_queue=host_queue,
         process_queue="auto",
         gc_every_s=config.gc_every if gc_every_s is None else gc_every_s,
+        max_concurrent_activities=slots_for(max_concurrent),
     )
     stop = stop_event()
     async with worker:

@@ -25,6 +25,8 @@ app = typer.Typer()  # merged into the ``rollouts`` app (cli/__init__.py)
   rollouts worker --temporal temporal.internal:7233 --host-queue auto
 
   rollouts worker --gc-every 60                     # sweep leaked sandboxes every minute
+
+  rollouts worker --max-concurrent 2000             # hold 2,000 waiting agents at once
 """,
 )
 def worker_command(
@@ -55,6 +57,17 @@ def worker_command(
             "0 disables it (default $ROLLOUTS_GC_EVERY, else 300)",
         ),
     ] = None,
+    max_concurrent: Annotated[
+        int | None,
+        typer.Option(
+            "--max-concurrent",
+            min=1,
+            metavar="N",
+            help="rollouts this worker holds in flight at once: sizes its activity slots and "
+            "workflow cache (default 500; warns when the file-descriptor limit or memory "
+            "cannot hold N)",
+        ),
+    ] = None,
     connect_timeout: ConnectTimeoutOption = 5.0,
 ) -> None:
     """Run a worker (workflows and rollout steps) until Ctrl-C / SIGTERM.
@@ -72,6 +85,7 @@ def worker_command(
             until_job=until_job,
             connect_timeout=connect_timeout,
             gc_every_s=gc_every,
+            max_concurrent=max_concurrent,
             out=out,
         )
     )

@@ -97,6 +97,7 @@ class Dispatcher:
         if max_tasks < 1:
             raise ConfigError(f"max_tasks must be at least 1, got {max_tasks}")
         self.max_tasks = max_tasks
+        self._warned_full = False  # the task limit is warned about once per server
         self.sessions = SessionTable(park_ttl_s)
         self.grade_count = 0
         self._handlers: dict[Method, tuple[type[BaseModel], Handler]] = {
@@ -209,6 +210,13 @@ class Dispatcher:
         # replace_runner installing the runner, so concurrent starts cannot overshoot the limit.
         busy = self.sessions.tasks_in_progress(excluding=session)
         if busy >= self.max_tasks:
+            if not self._warned_full:
+                self._warned_full = True
+                log.warning("env %r is at its limit of %d tasks in progress (max_tasks): further "
+                            "tasks.start calls are refused as busy and retried until a session "
+                            "ends; raise it with `rollouts serve --max-tasks N` (serve(env, "
+                            "max_tasks=N)) or serve the env on more substrates",
+                            self.env.name, self.max_tasks)
             raise _fail(
                 ErrorCode.BUSY,
                 f"server busy: {busy} tasks in progress (limit {self.max_tasks}); retry when a session ends",

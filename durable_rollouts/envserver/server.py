@@ -17,6 +17,7 @@ import asyncio
 import contextlib
 import hmac
 import ipaddress
+import logging
 import socket
 import sys
 from collections.abc import AsyncIterator, Sequence
@@ -41,6 +42,8 @@ from .hud_env import check_hud_serving, serving_hud
 from .tunnel import serve_tunnel
 
 __all__ = ["DEFAULT_MAX_CONNECTIONS", "DEFAULT_MAX_TASKS", "EnvServer", "is_loopback", "serve", "serving"]
+
+log = logging.getLogger(__name__)
 
 DEFAULT_MAX_CONNECTIONS = 4096
 """Connections (control and tunnel) served at once: room for two per rollout of a full batch
@@ -91,6 +94,7 @@ class EnvServer(Dispatcher):
             raise ConfigError(f"max_connections must be at least 1, got {max_connections}")
         self.max_line_bytes = max_line_bytes
         self.max_connections = max_connections
+        self._warned_full_connections = False  # the connection limit is warned about once
         self.host = "127.0.0.1"
         self.port = 0
         self._server: asyncio.Server | None = None
@@ -203,6 +207,12 @@ class EnvServer(Dispatcher):
 
     async def _refuse(self, task: asyncio.Task[Any], reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         """Over the connection limit: send one busy error frame (id null) and close."""
+        if not self._warned_full_connections:
+            self._warned_full_connections = True
+            log.warning("env %r is at its limit of %d open connections (max_connections): "
+                        "further connections are refused as busy; raise it with `rollouts serve "
+                        "--max-connections N` (serve(env, max_connections=N))",
+                        self.env.name, self.max_connections)
         self._refusals.add(task)
         proto = LineProtocol(self.max_line_bytes)
         message = f"server busy: {self.max_connections} connections open (the limit); retry later"

@@ -268,15 +268,19 @@ async def _stop(served: _Served) -> None:
 
 async def _start(env: Any, timeout: float, *, alone: bool = False) -> _Served:
     """Serve ``env`` from a background task until its stop event is set."""
+    from ..capacity import in_process_limits
     from ..envserver import serving
+    from ..envserver.server import DEFAULT_MAX_CONNECTIONS, DEFAULT_MAX_TASKS
 
+    # it serves only this process's rollouts: as many as this process's widest worker holds
+    max_tasks, max_connections = in_process_limits(DEFAULT_MAX_TASKS, DEFAULT_MAX_CONNECTIONS)
     loop = asyncio.get_running_loop()
     ready: asyncio.Future[str] = loop.create_future()
     stop = asyncio.Event()
 
     async def runner() -> None:
         try:
-            async with serving(env) as server:
+            async with serving(env, max_tasks=max_tasks, max_connections=max_connections) as server:
                 ready.set_result(server.url)
                 await stop.wait()
         except asyncio.CancelledError:

@@ -19,12 +19,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
 from collections.abc import AsyncIterator, Callable, Hashable
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["Lease", "lease", "running", "session", "stop_all"]
+__all__ = ["Lease", "lease", "lease_wide", "running", "session", "stop_all"]
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +39,7 @@ class _Slot:
     worker: Any
     task: asyncio.Future[Any]
     users: int = 0
+    width: int = 0  # rollouts the leases hold in flight at once (``lease_wide``)
 
 
 _SLOTS: dict[tuple[int, Hashable], _Slot] = {}
@@ -47,9 +49,11 @@ _SESSIONS: dict[int, int] = {}  # id(loop) -> open session() blocks
 class Lease:
     """One user's hold on an in-process worker; ``release()`` is idempotent."""
 
-    def __init__(self, slot: _Slot) -> None:
+    def __init__(self, slot: _Slot, width: int = 0) -> None:
         self._slot: _Slot | None = slot
+        self.width = width
         slot.users += 1
+        slot.width += width
 
     @property
     def worker(self) -> Any:
@@ -60,6 +64,7 @@ class Lease:
         if slot is None:
             return
         slot.users -= 1
+        slot.width -= self.width
         if slot.users <= 0 and not _SESSIONS.get(id(slot.loop)):
             await _stop(slot)
 
@@ -73,6 +78,24 @@ async def lease(key: Hashable, build: Callable[[], Any]) -> Lease:
         slot = _Slot(loop=loop, key=key, worker=worker, task=asyncio.ensure_future(worker.run()))
         _SLOTS[(id(loop), key)] = slot
     return Lease(slot)
+
+
+async def lease_wide(key: Hashable, width: int, build: Callable[[], Any]) -> Lease:
+    """A lease for ``width`` rollouts in flight on a worker for ``key`` whose slots
+    (``worker.slots``) hold them on top of what its other leases hold; if every running one is
+    full, another worker for the same key is started with ``build()`` (which must size it)."""
+    loop = asyncio.get_running_loop()
+    for n in itertools.count():
+        sub = key if n == 0 else (key, n)
+        slot = _SLOTS.get((id(loop), sub))
+        if (slot is not None and slot.loop is loop and not slot.task.done()
+                and slot.width + width > getattr(slot.worker, "slots", 0)):
+            continue  # full: its batches already hold its slots
+        held = await lease(sub, build)
+        held.width = width
+        held._slot.width += width  # type: ignore[union-attr]
+        return held
+    raise AssertionError("unreachable")
 
 
 def running() -> list[Any]:

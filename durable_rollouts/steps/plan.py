@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Generic, TypeVar
 
 __all__ = [
+    "AGENT_HEARTBEAT_S",
     "AGENT_NO_TIMEOUT_S",
     "AGENT_TIMEOUT_SLACK_S",
     "Plan",
@@ -29,6 +30,7 @@ __all__ = [
 
 AGENT_TIMEOUT_SLACK_S = 60.0  # over the rollout timeout: the rollout's own timer fires first
 AGENT_NO_TIMEOUT_S = 24 * 3600.0
+AGENT_HEARTBEAT_S = 5.0  # the agent step's heartbeat timeout unless the rollout's input says otherwise
 RETRY_FIRST_S = 1.0  # a failed attempt waits 1 s, then twice as long each time, at most 30 s
 RETRY_BACKOFF = 2.0
 RETRY_MAX_S = 30.0
@@ -79,11 +81,14 @@ class Plan(Walk[Step]):
 
 
 
-def build_plan(*, verifier: bool, rollout_timeout_s: float | None, local_steps: bool) -> Plan:
+def build_plan(*, verifier: bool, rollout_timeout_s: float | None, local_steps: bool,
+               agent_heartbeat_s: float = AGENT_HEARTBEAT_S) -> Plan:
     """The plan of one rollout: the card's steps, and a verifier's when its task has one.
 
     ``local_steps``: the substrate is fast to place and tear down (in-process), so provision and
-    teardown may run locally too.
+    teardown may run locally too. ``agent_heartbeat_s``: the agent step's heartbeat timeout
+    (temporalio sends one heartbeat per 80% of it, so a waiting agent costs the server one write
+    per that much time).
     """
     agent_s = rollout_timeout_s + AGENT_TIMEOUT_SLACK_S if rollout_timeout_s else AGENT_NO_TIMEOUT_S
     fast, minute = local_steps, 60.0
@@ -91,7 +96,7 @@ def build_plan(*, verifier: bool, rollout_timeout_s: float | None, local_steps: 
         Step("provision", "provisioning", 10 * minute, 5, 10.0, fast),
         Step("connect", "connecting", 2 * minute, 3, None, True),
         Step("start", "starting task", 2 * minute, 5, None, True),
-        Step("agent", "agent loop", agent_s, 5, 5.0, False),
+        Step("agent", "agent loop", agent_s, 5, agent_heartbeat_s, False),
         Step("grade", "grading", 30 * minute, 5, 10.0, True),
     ]
     extra: tuple[Step, ...] = ()

@@ -27,6 +27,7 @@ from typing import Any
 from temporalio.client import Client, WorkflowExecutionStatus, WorkflowHandle
 from temporalio.common import SearchAttributeKey, SearchAttributePair, TypedSearchAttributes
 
+from durable_rollouts.capacity import slots_for
 from durable_rollouts.errors import ConfigError
 from durable_rollouts.models import Task
 from durable_rollouts.release import MEMO_KEY, release_name
@@ -88,12 +89,17 @@ async def _client(temporal: Any) -> tuple[Client, bool]:
     return entry.client, address is None
 
 
-async def _ensure_worker(client: Client, task_queue: str) -> lifetime.Lease:
-    """A lease on this loop's in-process worker for ``task_queue`` (started if none runs)."""
+async def _ensure_worker(client: Client, task_queue: str, max_concurrent: int | None = None) -> lifetime.Lease:
+    """A lease on this loop's in-process worker for ``task_queue`` with room for
+    ``max_concurrent`` more rollouts: one running already if its slots hold them on top of its
+    other batches', else a new one sized for them (``capacity.slots_for``) on the same queue;
+    never a silent cap."""
     from durable_rollouts.worker import build_worker  # lazy: activities pull in the whole sdk
 
-    return await lifetime.lease((id(client), task_queue),
-                                lambda: build_worker(client, task_queue=task_queue))
+    slots = slots_for(max_concurrent)
+    return await lifetime.lease_wide((id(client), task_queue), max_concurrent or 0,
+                                     lambda: build_worker(client, task_queue=task_queue,
+                                                          max_concurrent_activities=slots))
 
 
 async def shutdown_embedded() -> None:
@@ -231,7 +237,7 @@ async def start_job(taskset: Any, agent: Any, *, runtime: Any, group: int | None
     queue = task_queue or settings().task_queue
     relet = None
     if worker if worker is not None else embedded:
-        relet = functools.partial(_ensure_worker, client, queue)
+        relet = functools.partial(_ensure_worker, client, queue, max_concurrent)
     else:
         check_remote(agent_spec)  # the agent must import on workers outside this process
     lease = await relet() if relet is not None else None
@@ -287,7 +293,7 @@ async def _start(taskset: Any, agent_spec: Any, provider_spec: Any, runtime: Any
         search_attributes=attrs_ok, retries=retries, on_error=on_error,  # type: ignore[arg-type]
         local_steps=getattr(runtime, "locality", "global") in ("process", "host"),
         ephemeral=bool(getattr(runtime, "ephemeral", False)),
-        queue_timeout_s=settings().queue_timeout,
+        queue_timeout_s=settings().queue_timeout, agent_heartbeat_s=settings().agent_heartbeat,
         stream=stream, policy=policy,
         **({"max_history_events": max_history_events, "flush_results_over": 0}
            if max_history_events else {}),

@@ -262,7 +262,7 @@ async def attach(job_id: str, *, temporal: Any = None, worker: bool | None = Non
     handle = JobHandle(job=job, batch_index=batch_index, handle=workflow, rows=list(inp.rows))
     queue = task_queue or inp.task_queue
     if worker if worker is not None else embedded:
-        handle.relet = lambda: _ensure_worker(client, queue)
+        handle.relet = lambda: _ensure_worker(client, queue, inp.max_concurrent)
         handle.lease = await handle.relet()
     return LiveJob(handle, client)
 

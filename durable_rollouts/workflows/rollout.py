@@ -62,6 +62,7 @@ with workflow.unsafe.imports_passed_through():
     from durable_rollouts.workflows.legacy import LegacyRollout
     from durable_rollouts.workflows.outcome import KEY_STATUS, Errored, SubstrateGone
     from durable_rollouts.workflows.plan import RolloutPlan, StepOptions, build_plan
+    from durable_rollouts.workflows.queue_probe import queue_polled
     from durable_rollouts.workflows.types import (
         CARD_LAYOUT,
         UPD_CHECKPOINT,
@@ -256,18 +257,28 @@ class CardRollout(AgentTurns):
                     endpoint: Endpoint | None, plan: RolloutPlan,
                     queue_timeout: timedelta | None = None) -> Any:
         """Run ``step``: locally when allowed and the substrate is reachable from this worker,
-        else as an activity on the substrate's queue (or the workflow's, before provision)."""
+        else as an activity on the substrate's queue (or the workflow's, before provision). A
+        substrate's queue that did not pick the step up in time is probed: busy waits again,
+        unpolled raises (lost)."""
         queue = endpoint.task_queue if endpoint is not None else None
         pinned = queue is not None and queue != self._queue
         if step.local and (not pinned or self._local_beside_substrate()):
             return await workflow.execute_local_activity(
                 step.activity, arg, result_type=result_type, summary=step.step,
                 start_to_close_timeout=step.start_to_close, retry_policy=step.retry)
-        return await workflow.execute_activity(
-            step.activity, arg, result_type=result_type, summary=step.step,
-            task_queue=queue if pinned else None, start_to_close_timeout=step.start_to_close,
-            heartbeat_timeout=step.heartbeat, retry_policy=step.retry,
-            schedule_to_start_timeout=(queue_timeout or plan.queue_timeout) if pinned else None)
+        while True:
+            try:
+                return await workflow.execute_activity(
+                    step.activity, arg, result_type=result_type, summary=step.step,
+                    task_queue=queue if pinned else None, start_to_close_timeout=step.start_to_close,
+                    heartbeat_timeout=step.heartbeat, retry_policy=step.retry,
+                    schedule_to_start_timeout=(queue_timeout or plan.queue_timeout) if pinned else None)
+            except STEP_FAILURES as err:
+                # Not picked up in time: a busy queue (its worker answers the probe) waits again.
+                if not (pinned and queue_timeout is None and is_queue_lost(err)
+                        and await queue_polled(queue or "", plan.queue_timeout)):
+                    raise
+                workflow.logger.info("%s waits on busy queue %s", step.step, queue)
 
     def _local_beside_substrate(self) -> bool:
         """Whether a cheap step of a pinned substrate runs as a local activity (this release).

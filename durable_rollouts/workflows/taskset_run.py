@@ -354,6 +354,7 @@ class TasksetRun(StreamHandlers):
                              rollout_timeout_s=inp.rollout_timeout_s, max_attempts=inp.max_attempts,
                              local_steps=inp.local_steps, ephemeral=inp.ephemeral,
                              task_queue=inp.task_queue, queue_timeout_s=inp.queue_timeout_s,
+                             agent_heartbeat_s=inp.agent_heartbeat_s,
                              search_attributes=inp.search_attributes, retry=retry, policy=self._policy,
                              status_at_start=inp.search_attributes, layout=CARD_LAYOUT)
         attrs = None

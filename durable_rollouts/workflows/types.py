@@ -31,6 +31,7 @@ __all__ = [
     "ACT_LOAD_ROWS",
     "ACT_OPEN",
     "ACT_PROVISION",
+    "ACT_QUEUE_ALIVE",
     "ACT_RESOLVE",
     "ACT_START",
     "ACT_STORE_RESULTS",
@@ -38,6 +39,7 @@ __all__ = [
     "ACT_VERIFY",
     "ACT_VERIFY_CLOSE",
     "ACT_VERIFY_OPEN",
+    "AGENT_HEARTBEAT_S",
     "DEFAULT_TASK_QUEUE",
     "QUEUE_TIMEOUT_S",
     "ERR_CONFIG",
@@ -65,6 +67,8 @@ __all__ = [
 DEFAULT_TASK_QUEUE = "rollouts"
 QUEUE_TIMEOUT_S = 30.0
 """How long a step waits on a substrate's own queue before its worker counts as gone."""
+AGENT_HEARTBEAT_S = 20.0
+"""The agent step's heartbeat timeout: a dead worker's agent step is retried within it."""
 MAX_CONCURRENT = 1500
 """The most rollouts one batch keeps in flight (TasksetRun children)."""
 
@@ -84,6 +88,8 @@ ACT_VERIFY = "rollouts.verify"
 ACT_VERIFY_OPEN = "rollouts.verify_open"
 ACT_VERIFY_CLOSE = "rollouts.verify_close"
 ACT_TEARDOWN = "rollouts.teardown"
+# Answered by a worker's liveness queue (workflows.queue_probe): a busy queue is not a lost one.
+ACT_QUEUE_ALIVE = "rollouts.queue_alive"
 # Merged steps for fast local substrates (patch "merged-local-steps"): provision -> connect ->
 # start as one, and grade -> teardown as one where the substrate dies with its worker.
 ACT_OPEN = "rollouts.open"
@@ -178,6 +184,7 @@ class TasksetRunInput(_Model):
     local_steps: bool = True  # fast local substrate: provision/teardown as local activities too
     # A substrate's own (host or process) queue unpolled this long: its worker is gone.
     queue_timeout_s: float = Field(default=QUEUE_TIMEOUT_S, gt=0)
+    agent_heartbeat_s: float = Field(default=AGENT_HEARTBEAT_S, gt=0)  # as ``RolloutInput``'s
     # The substrate lives in the worker process that opens it and dies with it (``LocalRuntime``):
     # in layout 4 its whole rollout is one agent step.
     ephemeral: bool = False
@@ -244,6 +251,8 @@ class RolloutInput(_Model):
     # How long a step may wait on the substrate's own (host or process) queue before that
     # worker, and the substrate with it, count as gone (schedule-to-start).
     queue_timeout_s: float = Field(default=QUEUE_TIMEOUT_S, gt=0)
+    # The agent step's heartbeat timeout (an activity option: changing it is replay-safe).
+    agent_heartbeat_s: float = Field(default=AGENT_HEARTBEAT_S, gt=0)
     policy: PolicyRef | None = None  # the trainer's policy this rollout samples with
     # The history shape the parent chose, kept in the child's start event (replay-safe like a
     # patch marker, at no cost): ``CARD_LAYOUT`` = the card's steps; 0-4 = earlier releases'

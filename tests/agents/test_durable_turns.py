@@ -175,10 +175,15 @@ async def test_a_401_fails_the_agent_once_with_the_servers_message(
 
 
 async def test_a_custom_agent_resumes_from_its_restored_state(
-        client, task_queue, start_worker, evidence: Path) -> None:
+        client, task_queue, start_worker, evidence: Path, monkeypatch) -> None:
     """A custom Agent using ``run.checkpoint`` / ``run.restored_state``: killed after turn 2 was
-    checkpointed, it resumes at turn 3; every turn's side effect happened exactly once."""
+    checkpointed, it resumes at turn 3; every turn's side effect happened exactly once. The
+    agent's heartbeat timeout is 5 s here, so its heartbeat details (what the Web UI shows of the
+    agent step) reach the server every 4 s, before the 7.5 s agent is done (with the default
+    20 s they follow every 16 s)."""
     from temporal_helpers import ENV_FILE
+
+    monkeypatch.setenv("ROLLOUTS_AGENT_HEARTBEAT", "5")
 
     log = evidence / "turns.log"
     first = start_worker()
@@ -212,7 +217,7 @@ async def _progress(client: Any, rollout: Any) -> tuple[str, dict[str, Any]]:
     if details is None and isinstance(metadata, dict):
         details = metadata.get("currentDetails", metadata.get("current_details"))
     beat: dict[str, Any] = {}
-    for _ in range(40):  # heartbeats are throttled: wait for one with details
+    for _ in range(40):  # heartbeats are throttled (one per 4 s here): wait for one with details
         desc = await rollout.describe()
         pending = desc.raw_description.pending_activities
         if pending and pending[0].heartbeat_details.payloads:

@@ -280,3 +280,34 @@ async def test_idle_parked_sessions_beyond_the_cap_are_closed_oldest_first() -> 
 async def _parked(server: EnvServer, sid: str) -> bool:
     session = server.sessions.get(sid)
     return session is None or session.state.value == "parked"
+
+
+# -- a server at its limits says so once, naming the limit and the knob ------------------------------
+
+
+async def test_a_server_at_its_task_limit_logs_one_warning_naming_max_tasks(caplog) -> None:
+    """Every start over the limit is refused as busy, but the log gets one warning, not one per
+    refusal: it names the env, the limit and the flag that raises it."""
+    caplog.set_level("WARNING", logger="durable_rollouts.envserver")
+    async with serving(make_env(), max_tasks=1) as server:
+        conns = [await _served(server.port) for _ in range(4)]
+        await conns[0].result("tasks.start", _start("apple"))
+        for conn in conns[1:]:
+            assert await conn.error_code("tasks.start", _start("pear")) == BUSY
+        for conn in conns:
+            await conn.close()
+    warned = [r.getMessage() for r in caplog.records if "max_tasks" in r.getMessage()]
+    assert len(warned) == 1, warned
+    assert "limit of 1 tasks" in warned[0] and "--max-tasks" in warned[0]
+
+
+async def test_a_server_at_its_connection_limit_logs_one_warning_naming_max_connections(caplog) -> None:
+    caplog.set_level("WARNING", logger="durable_rollouts.envserver")
+    async with serving(make_env(), max_connections=1) as server:
+        held = await _served(server.port)
+        for _ in range(3):
+            await _assert_refused(server.port)
+        await held.close()
+    warned = [r.getMessage() for r in caplog.records if "max_connections" in r.getMessage()]
+    assert len(warned) == 1, warned
+    assert "limit of 1 open connections" in warned[0] and "--max-connections" in warned[0]

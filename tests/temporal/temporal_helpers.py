@@ -124,7 +124,7 @@ class WorkerProcess:
 
     def __init__(self, address: str, task_queue: str, env: dict[str, str] | None = None,
                  gc_every: float | None = None, python: str = sys.executable,
-                 cwd: str | None = None) -> None:
+                 cwd: str | None = None, args: tuple[str, ...] = ()) -> None:
         penv = dict(os.environ)
         penv.update(env or {})  # HERE stays on the path (fault_worker, temporal_helpers agents)
         penv["PYTHONPATH"] = os.pathsep.join([str(HERE), penv.get("PYTHONPATH", "")]).rstrip(os.pathsep)
@@ -135,7 +135,7 @@ class WorkerProcess:
                 [python, "-m", "fault_worker" if "ROLLOUTS_FAULTS" in penv else "durable_rollouts.worker",
                  "--temporal", address,
                  "--task-queue", task_queue, "--process-queue", task_queue,
-                 *([] if gc_every is None else ["--gc-every", str(gc_every)])],
+                 *([] if gc_every is None else ["--gc-every", str(gc_every)]), *args],
                 env=penv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True, cwd=cwd,
             )
         try:

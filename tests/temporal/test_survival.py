@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import time
 from pathlib import Path
 
 import pytest
@@ -54,6 +55,30 @@ async def test_worker_killed_mid_agent_another_worker_finishes_once(client, task
     assert len(read_lines(evidence / "grades.log")) == 1
     runs = read_lines(agents)
     assert len(runs) == 2 and runs[1].startswith(f"{second.pid} ")
+
+
+async def test_a_dead_workers_agent_step_runs_again_within_30_s(client, task_queue, start_worker,
+                                                                 evidence: Path) -> None:
+    """With the default agent heartbeat timeout (20 s, one heartbeat per 16 s: what keeps
+    thousands of waiting agents cheap), a SIGKILLed worker's agent step is noticed and runs
+    again on the other live worker within 30 s of the kill; the env grades once."""
+    agents = evidence / "agents.log"
+    pair = {w.pid: w for w in (start_worker(), start_worker())}
+    handle = await start_job(Taskset("t", [echo("x", evidence)]),
+                             CountingAgent(answer="x", seconds=12.0, log=str(agents)),
+                             runtime=SubprocessRuntime(ENV_FILE), temporal=client, worker=False,
+                             task_queue=task_queue)
+    await async_wait_for(lambda: len(read_lines(agents)) == 1, what="agent start")
+    holder = int(read_lines(agents)[0].split()[0])
+    pair[holder].kill()
+    killed = time.monotonic()
+    await async_wait_for(lambda: len(read_lines(agents)) == 2, timeout=45, what="agent again")
+    assert time.monotonic() - killed <= 30.0
+    (other,) = set(pair) - {holder}
+    assert read_lines(agents)[1].startswith(f"{other} ")
+    (run,) = (await asyncio.wait_for(handle.wait(), 60)).runs
+    assert (run.status, run.reward, run.attempts) == ("succeeded", 1.0, 1), run.error
+    assert len(read_lines(evidence / "grades.log")) == 1
 
 
 async def test_worker_killed_after_grade_regrade_returns_cached_result(client, task_queue, start_worker,

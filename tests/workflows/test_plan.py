@@ -20,8 +20,13 @@ def _input(task: Task | None = None, **extra: object) -> RolloutInput:
 def test_the_plan_lists_the_card_steps_and_the_agent_heartbeats() -> None:
     plan = build_plan(_input())
     assert plan.names == CARD
-    assert plan["agent"].heartbeat == timedelta(seconds=5) and not plan["agent"].local
+    assert plan["agent"].heartbeat == timedelta(seconds=20) and not plan["agent"].local
     assert all(plan[s].retry.maximum_attempts >= 3 for s in CARD)
+
+
+def test_the_agent_heartbeat_timeout_comes_from_the_input() -> None:
+    """``ROLLOUTS_AGENT_HEARTBEAT`` travels in the input (an activity option: replay-safe)."""
+    assert build_plan(_input(agent_heartbeat_s=3.0))["agent"].heartbeat == timedelta(seconds=3)
 
 
 def test_a_verifier_adds_its_three_steps_before_teardown() -> None:

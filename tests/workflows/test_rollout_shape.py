@@ -198,10 +198,11 @@ async def test_an_agent_that_stops_heartbeating_is_retried_after_its_heartbeat_t
 
     async def hang_first(n: int) -> None:
         if n == 1:
-            await asyncio.sleep(30)  # no heartbeat: the 5 s heartbeat timeout fires first
+            await asyncio.sleep(30)  # no heartbeat: the 3 s heartbeat timeout fires first
 
     stubs.agent_behaviour = hang_first
-    result, history = await _run(env.client, stubs, _input(f"q-{uuid.uuid4().hex[:8]}"))
+    result, history = await _run(env.client, stubs, _input(f"q-{uuid.uuid4().hex[:8]}",
+                                                           agent_heartbeat_s=3.0))
     assert result.status == "succeeded"
     assert step_names(history) == CARD
     started = [e.activity_task_started_event_attributes for e in history.events
@@ -231,8 +232,9 @@ async def test_a_worker_lost_between_steps_makes_the_rollout_reprovision(env: Wo
 async def test_a_pinned_substrate_runs_its_cheap_steps_beside_the_workflow(env: WorkflowEnvironment) -> None:
     """A substrate on another queue (a ``rollouts worker``'s process queue) costs what it costs on
     one worker: connect, start, grade and teardown are local activities; only the agent step,
-    which heartbeats, is scheduled on the substrate's queue. If nobody polls that queue, the
-    agent step is lost and the rollout reprovisions."""
+    which heartbeats, is scheduled on the substrate's queue. If nobody polls that queue (nor its
+    liveness queue: the probe goes unanswered), the agent step is lost and the rollout
+    reprovisions."""
     stubs = Stubs()
     lost = f"worker-a-{uuid.uuid4().hex[:6]}"
     stubs.queue = lambda n: lost if n == 1 else None
@@ -240,9 +242,10 @@ async def test_a_pinned_substrate_runs_its_cheap_steps_beside_the_workflow(env: 
     result, history = await _run(env.client, stubs, inp)
     assert result.status == "succeeded" and result.attempts == 2
     assert "attempt 1 (agent loop)" in (result.error or "")
-    assert step_names(history)[:6] == ["provision", "connect", "start", "agent", "teardown", "provision"]
-    kinds = step_events(history)[:5]
-    assert [k for _, k in kinds] == ["local", "local", "local", "activity", "local"]
+    assert step_names(history)[:7] == ["provision", "connect", "start", "agent", "queue_alive",
+                                       "teardown", "provision"]
+    kinds = step_events(history)[:6]
+    assert [k for _, k in kinds] == ["local", "local", "local", "activity", "activity", "local"]
     scheduled = [e.activity_task_scheduled_event_attributes for e in history.events
                  if e.HasField("activity_task_scheduled_event_attributes")]
     assert scheduled[0].task_queue.name == lost  # the agent step went to the substrate's queue

@@ -1,0 +1,169 @@
+"""Width: N rollouts of an agent that waits W seconds, all in flight at once, on one worker.
+
+Each ``--n`` runs N one-row rollouts (``LocalRuntime``, the letters env) of an agent that sleeps
+``--wait`` seconds, at concurrency N, through ``Taskset.run``'s path (embedded dev server +
+in-process worker, sized to the batch's width). A batch holds at most ``MAX_CONCURRENT``
+rollouts in flight (one workflow's pending-children limit), so a width above it is run as
+several batches started together on the same worker. Prints, per N:
+
+- wall time (first start to last result) against the ideal W, and the ratio;
+- the worker's RSS per in-flight rollout (RSS with every agent waiting, less RSS before);
+- the server's and the worker's CPU per rollout over the whole run;
+- CPU per idle in-flight rollout per second: both processes sampled over ``--window`` seconds
+  while every agent waits (psutil), in ms of CPU per second per rollout; also net of the two
+  processes' baseline with nothing in flight (sampled for 5 s before each width: pollers, the
+  server's own timers);
+- rollouts that reprovisioned (attempts > 1) or did not succeed.
+
+The plain baseline is the ideal: W seconds of wall and no CPU while the agents wait.
+
+``--tuner resource`` runs the same on a worker with temporalio's resource-based tuner instead.
+
+    python benchmarks/bench_width.py [--n 500,2000,5000] [--wait 60] [--window 20] [--tuner fixed|resource]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import os
+import time
+from pathlib import Path
+
+import psutil
+from _common import LETTERS, letter_tasks, private_home
+from _width_agent import WaitAgent
+
+
+BASELINE_S = 5.0  # seconds of sampling with nothing in flight, before each width
+
+
+def _cpu(proc: psutil.Process) -> float:
+    times = proc.cpu_times()
+    return times.user + times.system
+
+
+async def _plateau(n: int, deadline: float) -> int:
+    """Wait until all ``n`` agents wait (or no more start for 5 s, or ``deadline``)."""
+    last, still = -1, time.monotonic()
+    while time.monotonic() < deadline and WaitAgent.waiting < n:
+        if WaitAgent.started != last:
+            last, still = WaitAgent.started, time.monotonic()
+        elif time.monotonic() - still > 5.0:
+            break
+        await asyncio.sleep(0.2)
+    return WaitAgent.waiting
+
+
+def _resource_worker(client, n: int):  # type: ignore[no-untyped-def]
+    """A worker on its own queue with temporalio's resource-based tuner (slots up to the width,
+    handed out while memory < 80% and CPU < 90%, one per 50 ms past the first: its defaults)."""
+    from temporalio.worker import ResourceBasedSlotConfig, WorkerTuner
+
+    from durable_rollouts.capacity import slots_for
+    from durable_rollouts.worker import build_worker
+
+    most = ResourceBasedSlotConfig(maximum_slots=slots_for(n))
+    tuner = WorkerTuner.create_resource_based(target_memory_usage=0.8, target_cpu_usage=0.9,
+                                              activity_config=most, local_activity_config=most)
+    queue = f"width-resource-{n}"
+    return build_worker(client, task_queue=queue, tuner=tuner), queue
+
+
+async def one(n: int, wait: float, window: float, server: psutil.Process, tuner: str) -> dict[str, float]:
+    from durable_rollouts import LocalRuntime, Taskset
+    from durable_rollouts.temporal.batches import _client, start_job
+    from durable_rollouts.workflows.types import MAX_CONCURRENT
+
+    own: dict[str, object] = {}
+    worker = None
+    if tuner == "resource":
+        client, _ = await _client(None)
+        worker, queue = _resource_worker(client, n)
+        await worker.__aenter__()
+        own = {"worker": False, "temporal": client, "task_queue": queue}
+
+    me = psutil.Process()
+    rss0 = me.memory_info().rss
+    b0, bs0 = _cpu(me), _cpu(server)  # the baseline: server and worker with nothing in flight
+    await asyncio.sleep(BASELINE_S)
+    base_worker, base_server = (_cpu(me) - b0) / BASELINE_S, (_cpu(server) - bs0) / BASELINE_S
+    cpu0, server0 = _cpu(me), _cpu(server)
+    WaitAgent.started = 0
+    batches = math.ceil(n / MAX_CONCURRENT)
+    sizes = [n // batches + (1 if i < n % batches else 0) for i in range(batches)]
+    rows = letter_tasks(n)
+    t0 = time.perf_counter()
+    handles, offset = [], 0
+    for i, size in enumerate(sizes):
+        taskset = Taskset(f"width-{n}-{i}", rows[offset:offset + size])
+        offset += size
+        handles.append(await start_job(taskset, WaitAgent(seconds=wait), runtime=LocalRuntime(LETTERS),
+                                       max_concurrent=size, **own))  # type: ignore[arg-type]
+    started_all = time.perf_counter() - t0
+    reached = await _plateau(n, time.monotonic() + wait * 0.6)
+    ramp = time.perf_counter() - t0
+    rss = me.memory_info().rss
+    idle_window = max(1.0, min(window, wait - ramp - 2.0))
+    c0, s0 = _cpu(me), _cpu(server)
+    await asyncio.sleep(idle_window)
+    idle_worker, idle_server = _cpu(me) - c0, _cpu(server) - s0
+    in_flight = WaitAgent.waiting
+    jobs = await asyncio.gather(*(h.wait() for h in handles))
+    wall = time.perf_counter() - t0
+    if worker is not None:
+        await worker.__aexit__(None, None, None)
+    runs = [r for job in jobs for r in job.runs]
+    per_idle = 1000.0 / max(1, in_flight) / idle_window
+    return {
+        "n": n, "wait": wait, "wall": wall, "ratio": wall / wait, "batches": batches,
+        "start_s": started_all, "ramp_s": ramp, "reached": reached, "in_flight": in_flight,
+        "rss_kib": (rss - rss0) / 1024 / max(1, reached),
+        "worker_ms": (_cpu(me) - cpu0) * 1000 / n, "server_ms": (_cpu(server) - server0) * 1000 / n,
+        "idle_window": idle_window,
+        "idle_worker": idle_worker * per_idle, "idle_server": idle_server * per_idle,
+        "net_idle": (idle_worker + idle_server - (base_worker + base_server) * idle_window) * per_idle,
+        "reprovisioned": sum(1 for r in runs if (r.attempts or 1) > 1),
+        "not_ok": sum(1 for r in runs if r.status != "succeeded"),
+    }
+
+
+async def main(ns: list[int], wait: float, window: float, tuner: str) -> None:
+    from durable_rollouts import LocalRuntime, Taskset
+    from durable_rollouts.temporal.batches import shutdown_embedded, start_job
+
+    await (await start_job(Taskset("warm", letter_tasks(2)), WaitAgent(seconds=0.1),
+                           runtime=LocalRuntime(LETTERS))).wait()  # starts the embedded server
+    home = Path(os.environ["ROLLOUTS_HOME"])  # private_home's
+    server = psutil.Process(json.loads((home / "temporal.json").read_text())["pid"])
+    print(f"{'N':>6} {'W s':>5} {'wall s':>7} {'x W':>5} {'ramp s':>7} {'waiting':>8} "
+          f"{'RSS KiB/rollout':>15} {'worker ms/rollout':>17} {'server ms/rollout':>17} "
+          f"{'idle worker ms/s':>16} {'idle server ms/s':>16} {'idle total':>10} {'net of base':>11} "
+          f"{'reprov':>6} {'not ok':>6}")
+    for n in ns:
+        r = await one(n, wait, window, server, tuner)
+        print(f"{n:>6} {wait:>5.0f} {r['wall']:>7.1f} {r['ratio']:>5.2f} {r['ramp_s']:>7.1f} "
+              f"{r['in_flight']:>8.0f} {r['rss_kib']:>15.0f} {r['worker_ms']:>17.1f} "
+              f"{r['server_ms']:>17.1f} {r['idle_worker']:>16.3f} {r['idle_server']:>16.3f} "
+              f"{r['idle_worker'] + r['idle_server']:>10.3f} {r['net_idle']:>11.3f} "
+              f"{r['reprovisioned']:>6} {r['not_ok']:>6}",
+              flush=True)
+        print(f"       ({r['batches']} batch(es); all started in {r['start_s']:.1f} s; idle sampled "
+              f"over {r['idle_window']:.0f} s with {r['in_flight']:.0f} agents waiting)", flush=True)
+    await shutdown_embedded()
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--n", default="500,2000,5000", help="comma-separated widths")
+    parser.add_argument("--wait", type=float, default=60.0, help="seconds each agent waits (W)")
+    parser.add_argument("--window", type=float, default=20.0, help="seconds of idle sampling")
+    parser.add_argument("--tuner", choices=["fixed", "resource"], default="fixed",
+                        help="fixed: Taskset.run's in-process worker, slots sized from the width; "
+                             "resource: a worker with temporalio's resource-based tuner")
+    args = parser.parse_args()
+    print(f"tuner={args.tuner}", flush=True)
+    with private_home():
+        asyncio.run(main([int(x) for x in args.n.split(",")], args.wait, args.window, args.tuner))
