@@ -12,6 +12,7 @@ from typing import Literal
 from pydantic import Field
 
 from durable_rollouts.workflows.stream import PolicyRef, StreamOptions, StreamState
+from durable_rollouts.steps.plan import AGENT_HEARTBEAT_S
 from durable_rollouts.models import (
     ERROR_STATUSES,
     RETRYABLE_STATUSES,
@@ -67,8 +68,6 @@ __all__ = [
 DEFAULT_TASK_QUEUE = "rollouts"
 QUEUE_TIMEOUT_S = 30.0
 """How long a step waits on a substrate's own queue before its worker counts as gone."""
-AGENT_HEARTBEAT_S = 20.0
-"""The agent step's heartbeat timeout: a dead worker's agent step is retried within it."""
 MAX_CONCURRENT = 1500
 """The most rollouts one batch keeps in flight (TasksetRun children)."""
 
