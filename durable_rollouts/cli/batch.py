@@ -23,10 +23,10 @@ from rich.console import Console
 from ..errors import ConfigError
 from ..sdk.paths import rollouts_home
 from ..settings import settings
-from ..workflows.types import DEFAULT_TASK_QUEUE
 from durable_rollouts.cli import render
 from durable_rollouts.temporal.jobs import JobView, connect, load_job
 from .progress import follow
+from durable_rollouts.temporal.queues import batch_queue, job_queue
 from durable_rollouts.temporal.resume import plan_resume, start_resume
 from durable_rollouts.temporal.select import parse_only
 
@@ -291,11 +291,13 @@ async def run_batch(opts: RunOptions, out: Console, err: Console) -> int:
     client = await connect(opts.temporal, opts.connect_timeout)
     in_process = (embedded and not opts.detach) if opts.worker is None else opts.worker
     job = Job(name=opts.name or taskset.name, group=opts.group, taskset=taskset.name)
-    queue = opts.task_queue or settings().task_queue
+    # The job's own queue when this process (or, detached, its background worker) runs it:
+    # another script's rollouts never land here, nor ours there (temporal/queues.py).
+    queue = batch_queue(opts.task_queue, job_id=job.id, in_process=in_process)
     if opts.detach and embedded and opts.task_queue is None:
         # The background worker serves this job only: it never hosts another job's substrates
         # when it exits, and attached runs never wait on it.
-        queue = f"{DEFAULT_TASK_QUEUE}-job-{job.id}"
+        queue = job_queue(job.id)
     handle = await start_job(
         taskset,
         agent,

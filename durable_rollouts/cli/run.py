@@ -102,7 +102,9 @@ def run(
     task_queue: Annotated[
         str | None,
         typer.Option(
-            "--task-queue", help="task queue (default $ROLLOUTS_TASK_QUEUE or 'rollouts')"
+            "--task-queue", help="task queue; give one (or $ROLLOUTS_TASK_QUEUE) to share the job "
+            "with `rollouts worker`s (default: with a worker in this process, the job's own "
+            "queue rollouts-job-<id>; else $ROLLOUTS_TASK_QUEUE or 'rollouts')"
         ),
     ] = None,
     connect_timeout: ConnectTimeoutOption = 5.0,

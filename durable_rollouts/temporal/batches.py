@@ -45,6 +45,7 @@ from durable_rollouts.temporal.jobs import (
     load_results,
     run_from_result,
 )
+from durable_rollouts.temporal.queues import batch_queue
 from durable_rollouts.workflows import TasksetRun, workflow_id
 from durable_rollouts.workflows.stream import PolicyRef, StreamOptions
 from durable_rollouts.workflows.types import (
@@ -213,7 +214,8 @@ async def start_job(taskset: Any, agent: Any, *, runtime: Any, group: int | None
         on_error: what an error left after retries means: ``keep``, ``drop_group`` (the group is
             exported with ``dropped: true`` and left out of stats) or ``fail`` (cancel the rest).
         worker: run an in-process worker (default: only with the embedded dev server).
-        task_queue: the shared queue (default ``$ROLLOUTS_TASK_QUEUE`` or ``rollouts``).
+        task_queue: the queue (default: with an in-process worker, the job's own queue
+            ``rollouts-job-<id>``; else ``$ROLLOUTS_TASK_QUEUE`` or ``rollouts``; see ``queues``).
         stream: keep finished groups for consumers and pace against them (``Taskset.start``).
         policy: the policy the first rollouts sample with.
     """
@@ -228,9 +230,12 @@ async def start_job(taskset: Any, agent: Any, *, runtime: Any, group: int | None
     agent_spec = agent.spec()
     provider_spec = runtime.spec()
     client, embedded = await _client(temporal)
-    queue = task_queue or settings().task_queue
+    in_process = worker if worker is not None else embedded
+    if job is None:
+        job = Job(name=name or taskset.name, group=group, taskset=taskset.name)
+    queue = batch_queue(task_queue, job_id=job.id, in_process=in_process)  # ours, unless chosen
     relet = None
-    if worker if worker is not None else embedded:
+    if in_process:
         relet = functools.partial(_ensure_worker, client, queue)
     else:
         check_remote(agent_spec)  # the agent must import on workers outside this process
@@ -324,15 +329,18 @@ async def run_taskset(taskset: Any, agent: Any, *, runtime: Any, group: int | No
 async def job_progress(job_id: str, temporal: Any = None) -> list[Progress]:
     """The ``progress`` of every batch of a job (running or finished)."""
     client, embedded = await _client(temporal)
-    lease = None
-    if embedded:  # queries need a worker: on the embedded server, ours (only for the queries)
-        lease = await _ensure_worker(client, settings().task_queue)
-    try:
-        return [await client.get_workflow_handle_for(TasksetRun.run, desc.id).query(TasksetRun.progress)
-                for desc in await batch_descriptions(client, job_id)]
-    finally:
-        if lease is not None:
-            await lease.release()
+    progress = []
+    for desc in await batch_descriptions(client, job_id):
+        lease = None
+        if embedded:  # queries need a worker: on the embedded server, ours on the batch's queue
+            lease = await _ensure_worker(client, desc.task_queue)
+        try:
+            progress.append(await client.get_workflow_handle_for(TasksetRun.run, desc.id)
+                            .query(TasksetRun.progress))
+        finally:
+            if lease is not None:
+                await lease.release()
+    return progress
 
 
 async def get_job(job_id: str, temporal: Any = None, *, wait: bool = False) -> Job:
