@@ -8,18 +8,26 @@ hud, the error says how to install it.
 
 A user's file is run by :func:`import_file`, which lets it import the modules next to it (as
 ``python env.py`` would) without touching ``sys.path``: while the file runs, a finder placed just
-before Python's path finder resolves top-level names in the file's folder first, and it is removed
-afterwards. Imports only ``environment.py`` and the shared errors and hud_detect modules.
+before Python's path finder resolves top-level names in the file's folder first (for the thread
+running the file only), and it is removed afterwards. Imports only ``environment.py`` and the
+shared errors and hud_detect modules.
+
+A worker loads env files with :func:`load_environment_async`: a file not imported yet runs in a
+thread, so an import that takes seconds never stalls the worker's event loop (other rollouts'
+heartbeats, issue #39). Env files are run one at a time (a lock), so a second caller waits for the
+first import and then finds the whole module, never a half-run one.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import importlib
 import importlib.abc
 import importlib.machinery
 import importlib.util
 import sys
+import threading
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from types import ModuleType
@@ -29,18 +37,26 @@ from ..errors import ConfigError
 from ..hud_detect import is_hud_environment, missing_hud
 from .environment import Environment
 
-__all__ = ["import_file", "load_environment"]
+__all__ = ["import_file", "load_environment", "load_environment_async"]
+
+_FILE_IMPORTS = threading.RLock()  # env files run one at a time (re-entrant: one may load another)
+_WHOLE: set[str] = set()  # env file modules that finished running
 
 
 class _FolderFinder(importlib.abc.MetaPathFinder):
-    """Finds top-level modules and packages in one folder (what ``sys.path[0]`` of a script does)."""
+    """Finds top-level modules and packages in one folder (what ``sys.path[0]`` of a script does),
+    for imports made by the thread that runs the file (others, e.g. the event loop's, never see
+    the folder)."""
 
     def __init__(self, folder: str) -> None:
         self.folder = folder
+        self.thread = threading.get_ident()
 
     def find_spec(self, fullname: str, path: Sequence[str] | None = None,
                   target: ModuleType | None = None) -> importlib.machinery.ModuleSpec | None:
         if path is not None:  # a submodule: its package's own __path__ finds it
+            return None
+        if threading.get_ident() != self.thread:
             return None
         return importlib.machinery.PathFinder.find_spec(fullname, [self.folder])
 
@@ -84,9 +100,36 @@ def import_file(path: Path, module_name: str) -> ModuleType:
     return module
 
 
+def _module_name(path: Path) -> str:
+    return f"_rollouts_env_{abs(hash(str(path)))}"
+
+
 def _import_env_file(path: Path) -> ModuleType:
-    module_name = f"_rollouts_env_{abs(hash(str(path)))}"
-    return sys.modules.get(module_name) or import_file(path, module_name)
+    module_name = _module_name(path)
+    with _FILE_IMPORTS:  # a module in sys.modules while another thread still runs it is half-made
+        module = sys.modules.get(module_name) or import_file(path, module_name)
+        _WHOLE.add(module_name)
+        return module
+
+
+def _imported(target: str) -> bool:
+    """Whether loading ``target`` needs no import and no wait (its module is whole); never blocks."""
+    path = Path(target)
+    if target.endswith(".py") or path.is_file():
+        if not path.is_file():
+            return True  # load_environment raises its error at once
+        name = _module_name(path.resolve())
+        return name in _WHOLE and name in sys.modules
+    module = sys.modules.get(target.partition(":")[0])
+    return module is not None and not getattr(getattr(module, "__spec__", None), "_initializing", False)
+
+
+async def load_environment_async(target: str, name: str | None = None) -> Any:
+    """:func:`load_environment` without blocking the event loop: a module not imported yet is
+    imported in a thread (the loop keeps serving other rollouts meanwhile)."""
+    if _imported(target):
+        return load_environment(target, name)
+    return await asyncio.to_thread(load_environment, target, name)
 
 
 def load_environment(target: str, name: str | None = None) -> Any:
