@@ -21,7 +21,7 @@ from durable_rollouts.activities.failures import map_errors
 from durable_rollouts.errors import ConfigError
 from durable_rollouts.models import RolloutResult, Task
 from durable_rollouts.sdk.paths import rollouts_home
-from durable_rollouts.temporal import storage
+from durable_rollouts.temporal import row_pages, storage
 from durable_rollouts.workflows.types import (
     ACT_LOAD_ROWS,
     ACT_RESOLVE,
@@ -108,7 +108,10 @@ class ResultStore:
 
     @staticmethod
     def get_rows(uri: str, start: int, stop: int) -> list[Task]:
-        lines = ResultStore._read(uri).decode().splitlines()[start:stop]
+        data = ResultStore._read(uri)
+        if row_pages.is_manifest(data):  # paged rows, maybe several epochs: read the pages needed
+            return row_pages.read(data, start, stop, ResultStore._read)
+        lines = data.decode().splitlines()[start:stop]
         return [Task.model_validate_json(line) for line in lines]
 
     @staticmethod
