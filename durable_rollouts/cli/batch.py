@@ -28,6 +28,7 @@ from durable_rollouts.temporal.jobs import JobView, connect, load_job
 from .progress import follow
 from durable_rollouts.temporal.queues import batch_queue, job_queue
 from durable_rollouts.temporal.resume import plan_resume, start_resume
+from durable_rollouts.temporal.row_pages import check_epochs
 from durable_rollouts.temporal.select import parse_only
 
 __all__ = [
@@ -69,6 +70,8 @@ class RunOptions:
     max_in_flight: int | None = None
     max_staleness: int | None = None
     consumers: list[str] = field(default_factory=list)
+    epochs: int = 1
+    seed: int | None = None
 
 
 def ui_base(address: str | None) -> str | None:
@@ -269,6 +272,7 @@ async def run_batch(opts: RunOptions, out: Console, err: Console) -> int:
     from .specs import check_sources, load_agent_spec, load_tasks, parse_runtime
 
     check_output(opts.output, opts.as_json, opts.export_format, opts.detach)
+    check_epochs(opts.epochs, opts.seed)
     stream = _stream_options(opts)
     on_error = check_policy(opts.retries, opts.on_error)
     taskset = load_tasks(opts.tasks, opts.name)
@@ -313,11 +317,14 @@ async def run_batch(opts: RunOptions, out: Console, err: Console) -> int:
         retries=opts.retries,
         on_error=on_error,
         stream=stream,
+        epochs=opts.epochs,
+        seed=opts.seed,
     )
-    what = (f"{len(taskset)} tasks x {opts.group} = {len(taskset) * opts.group} rollouts, "
+    total = len(taskset) * opts.group * opts.epochs
+    epochs = f" x {opts.epochs} epochs" if opts.epochs > 1 else ""
+    what = (f"{len(taskset)} tasks x {opts.group}{epochs} = {total} rollouts, "
             f"agent {agent.spec().path}, runtime {runtime.spec().kind}")
-    return await _attend(opts, handle, client, queue, embedded, what, len(taskset) * opts.group,
-                         out, err)
+    return await _attend(opts, handle, client, queue, embedded, what, total, out, err)
 
 
 async def _attend(opts: RunOptions, handle: Any, client: Any, queue: str, embedded: bool,

@@ -132,6 +132,12 @@ def run(
         list[str] | None,
         typer.Option("--consumer", help="--stream: a consumer the job waits for (repeatable)"),
     ] = None,
+    epochs: Annotated[
+        int, typer.Option("--epochs", help="run the rows this many times, each epoch in its own order")
+    ] = 1,
+    seed: Annotated[
+        int | None, typer.Option("--seed", help="seed of the epochs' orders (default 0 with --epochs)")
+    ] = None,
 ) -> None:
     from durable_rollouts.cli.batch import RunOptions, run_batch
 
@@ -158,6 +164,8 @@ def run(
         max_in_flight=max_in_flight,
         max_staleness=max_staleness,
         consumers=consumers or [],
+        epochs=epochs,
+        seed=seed,
     )
     drive(lambda out, err: run_batch(opts, out, err))
 

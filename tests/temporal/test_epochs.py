@@ -17,6 +17,7 @@ from durable_rollouts.models import Task
 from durable_rollouts.sdk.agents import FixedAgent
 from durable_rollouts.sdk.providers import LocalRuntime
 from durable_rollouts.sdk.taskset import Taskset
+from durable_rollouts.temporal.batches import get_job
 from durable_rollouts.workflows import workflow_id
 
 
@@ -44,6 +45,9 @@ async def test_three_epochs_run_every_row_three_times_each_epoch_in_its_own_orde
         assert sorted(tags) == [f"row{i}" for i in range(5)]
         orders.append(tags)
     assert len({tuple(o) for o in orders}) > 1, orders  # seeded orders differ (seed 7: all three)
+    view = await get_job(job.id, temporal=client)  # what `rollouts show` reads: every position once
+    assert sorted(r.rollout_id for r in view.runs) == sorted(r.rollout_id for r in job.runs)
+    assert {r.status for r in view.runs} == {"succeeded"}
     history = await client.get_workflow_handle(workflow_id(job.id)).fetch_history()
     start = history.events[0].workflow_execution_started_event_attributes.input.payloads[0].data
     assert b'"rows":[]' in start and b"row0" not in start  # rows come from pages, by activity
