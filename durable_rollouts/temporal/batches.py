@@ -46,7 +46,7 @@ from durable_rollouts.temporal.jobs import (
     run_from_result,
 )
 from durable_rollouts.temporal.queues import batch_queue
-from durable_rollouts.temporal.row_pages import check_epochs, manifest_bytes, put_pages
+from durable_rollouts.temporal.row_pages import MAX_EPOCHS, check_epochs, manifest_bytes, put_pages
 from durable_rollouts.workflows import TasksetRun, workflow_id
 from durable_rollouts.workflows.stream import PolicyRef, StreamOptions
 from durable_rollouts.workflows.types import (
@@ -165,10 +165,12 @@ class JobHandle:
         finally:
             await self.release()
         rows = self.rows
-        if self.rows_ref is not None:  # each position's row (its epoch's order)
+        if self.rows_ref is not None:  # each position's row (its epoch's order), up to the last run
             from durable_rollouts.activities.taskset import ResultStore
 
-            rows = await asyncio.to_thread(ResultStore.get_rows, self.rows_ref, 0, 1 << 62)
+            top = 1 + max((r.row_index for r in load_results(result.result_refs, result.results)),
+                          default=-1)
+            rows = await asyncio.to_thread(ResultStore.get_rows, self.rows_ref, 0, top)
         self.job.runs.extend(runs_from_result(result, self.job.id, rows, self.trace_store))
         return self.job
 
@@ -213,7 +215,7 @@ async def start_job(taskset: Any, agent: Any, *, runtime: Any, group: int | None
                     max_attempts: int = 3, trace_store: TraceStore | None = None,
                     max_history_events: int | None = None, retries: int = 0,
                     on_error: str = "keep", stream: StreamOptions | None = None,
-                    policy: PolicyRef | None = None, epochs: int = 1,
+                    policy: PolicyRef | None = None, epochs: int | None = 1,
                     seed: int | None = None) -> JobHandle:
     """Start one batch (a ``TasksetRun`` workflow) and return its handle without waiting.
 
@@ -227,11 +229,12 @@ async def start_job(taskset: Any, agent: Any, *, runtime: Any, group: int | None
         stream: keep finished groups for consumers and pace against them (``Taskset.start``).
         policy: the policy the first rollouts sample with.
         epochs: run the rows this many times, each epoch (with ``seed``, or when ``epochs > 1``)
-            in its own order drawn from ``seed`` (default 0); see ``temporal.row_pages``.
+            in its own order drawn from ``seed`` (default 0); see ``temporal.row_pages``. None
+            (a streamed batch only): epoch after epoch until ``job.close()``.
         seed: the seed of the epochs' orders (None with ``epochs=1``: the taskset's order).
     """
-    check_epochs(epochs, seed)
-    if seed is None and epochs > 1:
+    check_epochs(epochs, seed, streamed=stream is not None)
+    if seed is None and epochs != 1:
         seed = 0
     rows = list(taskset)
     agent = as_agent(agent)  # ours, or a HUD v6 agent (wrapped: it travels as its own class path)
@@ -274,7 +277,8 @@ async def _start(taskset: Any, agent_spec: Any, provider_spec: Any, runtime: Any
                  rollout_timeout: float | None, name: str | None, max_attempts: int,
                  trace_store: TraceStore | None, max_history_events: int | None, retries: int = 0,
                  on_error: str = "keep", eager: bool = False, stream: StreamOptions | None = None,
-                 policy: PolicyRef | None = None, epochs: int = 1, seed: int | None = None) -> JobHandle:
+                 policy: PolicyRef | None = None, epochs: int | None = 1,
+                 seed: int | None = None) -> JobHandle:
     """Start the ``TasksetRun`` workflow of a validated batch.
 
     ``eager``: this process runs a worker on ``queue`` with this client, so ask the server to
@@ -293,6 +297,8 @@ async def _start(taskset: Any, agent_spec: Any, provider_spec: Any, runtime: Any
     job.agent = agent_spec
     register_taskset(taskset)
     rows_ref = None
+    open_ended = epochs is None  # epoch after epoch (up to MAX_EPOCHS) until the stream closes
+    epochs = MAX_EPOCHS if epochs is None else epochs
     # keep the workflow input (and every continue-as-new carry) small: rows go by claim check,
     # as pages (row_pages) the workflow loads a window at a time; so do epochs
     if (epochs > 1 or seed is not None or len(rows) > INLINE_ROWS
@@ -308,7 +314,7 @@ async def _start(taskset: Any, agent_spec: Any, provider_spec: Any, runtime: Any
         local_steps=getattr(runtime, "locality", "global") in ("process", "host"),
         ephemeral=bool(getattr(runtime, "ephemeral", False)),
         queue_timeout_s=settings().queue_timeout,
-        stream=stream, policy=policy,
+        stream=stream, policy=policy, open_ended=open_ended,
         **({"max_history_events": max_history_events, "flush_results_over": 0}
            if max_history_events else {}),
     )
@@ -317,7 +323,8 @@ async def _start(taskset: Any, agent_spec: Any, provider_spec: Any, runtime: Any
         TasksetRun.run, inp, id=workflow_id(job.id, batch_index), task_queue=queue,
         search_attributes=attrs, memo={"job_name": name, "taskset": taskset.name, "group": group,
                                           MEMO_KEY: release_name()},
-        static_summary=f"{name}: {len(rows)} tasks x {group}" + (f" x {epochs} epochs" if epochs > 1 else ""),
+        static_summary=f"{name}: {len(rows)} tasks x {group}" + (
+            " until closed" if open_ended else f" x {epochs} epochs" if epochs > 1 else ""),
         request_eager_start=eager,
     )
     return JobHandle(job=job, batch_index=batch_index, handle=handle, rows=rows, trace_store=trace_store,

@@ -56,11 +56,15 @@ class RowPages(BaseModel):
         return self.rows * self.epochs
 
 
-def check_epochs(epochs: object, seed: object) -> None:
-    """ConfigError (one line) for an ``epochs`` or ``seed`` a batch cannot run."""
+def check_epochs(epochs: object, seed: object, *, streamed: bool = False) -> None:
+    """ConfigError (one line) for an ``epochs`` or ``seed`` a batch cannot run; ``epochs=None``
+    (rows until ``job.close()``) only for a ``streamed`` batch."""
     if epochs is None:
-        raise ConfigError("epochs=None (rows until job.close()) is not supported yet: "
-                          f"give a whole number of epochs from 1 to {MAX_EPOCHS:,}")
+        if streamed:
+            epochs = 1
+        else:
+            raise ConfigError("epochs=None (rows until job.close()) needs a streamed job: "
+                              "Taskset.start(...); Taskset.run takes a whole number of epochs")
     if isinstance(epochs, bool) or not isinstance(epochs, int) or not 1 <= epochs <= MAX_EPOCHS:
         raise ConfigError(f"epochs={epochs!r}: use a whole number from 1 to {MAX_EPOCHS:,}")
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):

@@ -18,6 +18,7 @@ from durable_rollouts.sdk.agents import FixedAgent
 from durable_rollouts.sdk.providers import LocalRuntime
 from durable_rollouts.sdk.taskset import Taskset
 from durable_rollouts.temporal.batches import get_job
+from durable_rollouts.temporal.live import JobClosedError
 from durable_rollouts.workflows import workflow_id
 
 
@@ -67,7 +68,44 @@ async def test_a_streamed_job_delivers_every_epochs_groups(client, task_queue) -
     assert {r.reward for g in groups for r in g} == {1.0}
 
 
-@pytest.mark.parametrize("epochs", [-1, 0, 2.5, None])
+async def test_epochs_none_runs_epoch_after_epoch_until_the_job_is_closed(client, task_queue) -> None:
+    """``epochs=None``: the rows again and again, each epoch in its own order, until
+    ``job.close()``; then the group in progress finishes, nothing more starts, the job closes and
+    its consumer got every group that ran, once."""
+    async with session():
+        job = await _taskset(3).start(FixedAgent(answer="x"), runtime=LocalRuntime(ENV_FILE), group=2,
+                                      epochs=None, seed=5, temporal=client, worker=True,
+                                      task_queue=task_queue, consumers=["trainer"], max_in_flight=2,
+                                      linger_s=60)
+        groups, closed = [], False
+        async for batch in job.stream(consumer="trainer", batch_size=1):
+            groups.extend(batch.groups)
+            try:
+                await batch.ack()
+            except JobClosedError:  # closed, it finished without waiting for our last acks
+                assert closed
+            if len(groups) >= 8 and not closed:  # past two epochs of 3 rows
+                await job.close()
+                closed = True
+        done = await job.wait()
+    assert closed and 8 <= len(groups) <= 8 + 2  # at most max_in_flight groups ran past the close
+    assert len({g[0].group_id for g in groups}) == len(groups) and all(len(g) == 2 for g in groups)
+    assert sorted(r.rollout_id for r in done.runs) == sorted(r.rollout_id for g in groups for r in g)
+    by_epoch: dict[int, list[str]] = {}
+    for run in done.runs[::2]:
+        by_epoch.setdefault(run.row_index // 3, []).append(run.task.args["tag"])
+    assert sorted(by_epoch[0]) == sorted(by_epoch[1]) == ["row0", "row1", "row2"]
+    view = await get_job(job.id, temporal=client)  # only the rows it reached, all succeeded
+    assert len(view.runs) == len(done.runs) and {r.status for r in view.runs} == {"succeeded"}
+
+
+async def test_epochs_none_needs_a_streamed_job(client, task_queue) -> None:
+    with pytest.raises(ConfigError, match="epochs=None .* needs a streamed job"):
+        await _taskset(2).run(FixedAgent(answer="x"), runtime=LocalRuntime(ENV_FILE), epochs=None,
+                              temporal=client, worker=True, task_queue=task_queue)
+
+
+@pytest.mark.parametrize("epochs", [-1, 0, 2.5, "3"])
 async def test_bad_epochs_are_one_clear_error_and_start_nothing(client, task_queue, epochs) -> None:
     with pytest.raises(ConfigError, match="epochs") as err:
         await _taskset(2).run(FixedAgent(answer="x"), runtime=LocalRuntime(ENV_FILE), epochs=epochs,
