@@ -72,7 +72,9 @@ def _load_taskset(path: str, name: str) -> Any:
 
 
 class ResultStore:
-    """Chunks of RolloutResults and a batch's rows, as JSONL blobs in external storage.
+    """Chunks of RolloutResults as JSONL blobs in external storage, and a batch's rows: pages
+    with a manifest (``temporal.row_pages``, written by the starter), or one JSONL blob of rows
+    (earlier releases).
 
     Written through the ``ROLLOUTS_STORAGE`` driver (``rollouts-storage:`` uris, readable from any
     host with the bucket); ``file://`` chunks and row files of earlier releases are still read.
@@ -90,10 +92,6 @@ class ResultStore:
     def put(self, job_id: str, batch_index: int, chunk: int, results: list[RolloutResult]) -> ResultsRef:
         data = "".join(r.model_dump_json() + "\n" for r in results).encode()
         return ResultsRef(uri=self._store().put(data), count=len(results))
-
-    def put_rows(self, job_id: str, batch_index: int, rows: list[Task]) -> str:
-        """Store a batch's rows as JSONL; returns the uri (the TasksetRun's rows claim check)."""
-        return self._store().put("".join(r.model_dump_json(exclude={"slug"}) + "\n" for r in rows).encode())
 
     @staticmethod
     def _read(uri: str) -> bytes:
