@@ -18,6 +18,7 @@ from durable_rollouts.sdk.agents import FixedAgent
 from durable_rollouts.sdk.providers import LocalRuntime
 from durable_rollouts.sdk.taskset import Taskset
 from durable_rollouts.temporal.batches import get_job
+from durable_rollouts.temporal.jobs import load_job
 from durable_rollouts.temporal.live import JobClosedError
 from durable_rollouts.workflows import workflow_id
 
@@ -77,9 +78,11 @@ async def test_epochs_none_runs_epoch_after_epoch_until_the_job_is_closed(client
                                       epochs=None, seed=5, temporal=client, worker=True,
                                       task_queue=task_queue, consumers=["trainer"], max_in_flight=2,
                                       linger_s=60)
-        groups, closed = [], False
+        groups, closed, running_view = [], False, None
         async for batch in job.stream(consumer="trainer", batch_size=1):
             groups.extend(batch.groups)
+            if len(groups) == 4:  # a reader of the running job lists the rows it reached, no more
+                running_view = await load_job(client, job.id)  # what `rollouts show` reads
             try:
                 await batch.ack()
             except JobClosedError:  # closed, it finished without waiting for our last acks
@@ -95,6 +98,8 @@ async def test_epochs_none_runs_epoch_after_epoch_until_the_job_is_closed(client
     for run in done.runs[::2]:
         by_epoch.setdefault(run.row_index // 3, []).append(run.task.args["tag"])
     assert sorted(by_epoch[0]) == sorted(by_epoch[1]) == ["row0", "row1", "row2"]
+    assert running_view is not None and 4 * 2 <= len(running_view.runs) <= (4 + 3) * 2
+    assert sum(r.status == "succeeded" for r in running_view.runs) >= 4 * 2
     view = await get_job(job.id, temporal=client)  # only the rows it reached, all succeeded
     assert len(view.runs) == len(done.runs) and {r.status for r in view.runs} == {"succeeded"}
 
