@@ -8,6 +8,8 @@ streams every epoch's groups to its consumer. Bad ``epochs`` is one clear error 
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 from temporal_helpers import ENV_FILE, CountingAgent, read_lines
 
@@ -138,3 +140,30 @@ async def test_a_further_start_on_the_same_job_is_its_next_batch(client, task_qu
     assert await client.get_workflow_handle(workflow_id(first.id, 1)).describe()
     view = await get_job(first.id, temporal=client)
     assert len(view.runs) == 7 and {r.status for r in view.runs} == {"succeeded"}
+
+
+async def test_resume_re_runs_an_epochs_batchs_errored_rollouts_under_their_own_ids(
+        client, task_queue) -> None:
+    """Every position of every epoch keeps its rollout id, so a resume replaces exactly the
+    errored rollouts (no new ones, none twice)."""
+    from durable_rollouts.sdk.agents import FailAgent
+    from durable_rollouts.temporal.resume import plan_resume, start_resume
+
+    async with session():
+        job = await _taskset(2).run(FailAgent(), runtime=LocalRuntime(ENV_FILE), epochs=2, seed=3,
+                                    temporal=client, worker=True, task_queue=task_queue)
+        assert [r.status for r in job.runs] == ["errored"] * 4
+        plans = plan_resume(await load_job(client, job.id), None)
+        assert sum(len(p.rerun) for p in plans) == 4
+        for plan in plans:
+            await (await start_resume(client, job.id, plan)).result()
+        after = await load_job(client, job.id)
+    assert sorted(r.rollout_id for r in after.runs) == sorted(r.rollout_id for r in job.runs)
+    assert [r.status for r in after.runs] == ["errored"] * 4
+    for run in job.runs:  # each ran twice under its one id: the first run, then the resume
+        for _ in range(50):  # (visibility may lag a moment)
+            runs = [w async for w in client.list_workflows(f'WorkflowId="{run.rollout_id}"')]
+            if len(runs) >= 2:
+                break
+            await asyncio.sleep(0.1)
+        assert len(runs) == 2, (run.rollout_id, len(runs))
