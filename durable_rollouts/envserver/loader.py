@@ -124,12 +124,13 @@ def _imported(target: str) -> bool:
     return module is not None and not getattr(getattr(module, "__spec__", None), "_initializing", False)
 
 
-async def load_environment_async(target: str, name: str | None = None) -> Any:
-    """:func:`load_environment` without blocking the event loop: a module not imported yet is
-    imported in a thread (the loop keeps serving other rollouts meanwhile)."""
-    if _imported(target):
-        return load_environment(target, name)
-    return await asyncio.to_thread(load_environment, target, name)
+async def load_environment_async(target: str, name: str | None = None, **options: Any) -> Any:
+    """:func:`load_environment` (``options`` passed on) without blocking the event loop: a module
+    not imported yet, or a file run afresh, is imported in a thread (the loop keeps serving other
+    rollouts meanwhile)."""
+    if not options.get("fresh") and _imported(target):
+        return load_environment(target, name, **options)
+    return await asyncio.to_thread(load_environment, target, name, **options)
 
 
 def load_environment(target: str, name: str | None = None) -> Any:
