@@ -62,7 +62,9 @@ class Settings(BaseModel):
         "unset: the embedded server's UI when that server is the one used.")
     task_queue: str = _var(
         "ROLLOUTS_TASK_QUEUE", "rollouts", "Shared task queue of batches and workers "
-        "(`--task-queue` overrides).")
+        "(`--task-queue` overrides). Unset, a process running its own in-process worker puts "
+        "each job on a queue of its own, `rollouts-job-<job id>`; set, that process shares this "
+        "queue with `rollouts worker`s.")
     storage: str | None = _var(
         "ROLLOUTS_STORAGE", None, "Store of large payloads and traces, shared by the client and "
         "every worker: `file://PATH`, `s3://BUCKET/PREFIX` or `gs://BUCKET/PREFIX` (`--storage` "

@@ -23,11 +23,12 @@ from rich.console import Console
 from ..errors import ConfigError
 from ..paths import rollouts_home
 from ..settings import settings
-from ..workflows.types import DEFAULT_TASK_QUEUE
 from durable_rollouts.cli import render
 from durable_rollouts.temporal.jobs import JobView, connect, load_job
 from .progress import follow
+from durable_rollouts.temporal.queues import batch_queue, job_queue
 from durable_rollouts.temporal.resume import plan_resume, start_resume
+from durable_rollouts.stores.row_pages import check_epochs
 from durable_rollouts.temporal.select import parse_only
 
 __all__ = [
@@ -69,6 +70,8 @@ class RunOptions:
     max_in_flight: int | None = None
     max_staleness: int | None = None
     consumers: list[str] = field(default_factory=list)
+    epochs: int = 1
+    seed: int | None = None
 
 
 def ui_base(address: str | None) -> str | None:
@@ -273,6 +276,7 @@ async def run_batch(opts: RunOptions, out: Console, err: Console) -> int:
     from .specs import check_sources, load_agent_spec, load_tasks, parse_runtime
 
     check_output(opts.output, opts.as_json, opts.export_format, opts.detach)
+    check_epochs(opts.epochs, opts.seed)
     stream = _stream_options(opts)
     on_error = check_policy(opts.retries, opts.on_error)
     taskset = load_tasks(opts.tasks, opts.name)
@@ -296,11 +300,13 @@ async def run_batch(opts: RunOptions, out: Console, err: Console) -> int:
     client = await connect(opts.temporal, opts.connect_timeout)
     in_process = (embedded and not opts.detach) if opts.worker is None else opts.worker
     job = Job(name=opts.name or taskset.name, group=opts.group, taskset=taskset.name)
-    queue = opts.task_queue or settings().task_queue
+    # The job's own queue when this process (or, detached, its background worker) runs it:
+    # another script's rollouts never land here, nor ours there (temporal/queues.py).
+    queue = batch_queue(opts.task_queue, job_id=job.id, in_process=in_process)
     if opts.detach and embedded and opts.task_queue is None:
         # The background worker serves this job only: it never hosts another job's substrates
         # when it exits, and attached runs never wait on it.
-        queue = f"{DEFAULT_TASK_QUEUE}-job-{job.id}"
+        queue = job_queue(job.id)
     handle = await start_job(
         taskset,
         agent,
@@ -316,11 +322,14 @@ async def run_batch(opts: RunOptions, out: Console, err: Console) -> int:
         retries=opts.retries,
         on_error=on_error,
         stream=stream,
+        epochs=opts.epochs,
+        seed=opts.seed,
     )
-    what = (f"{len(taskset)} tasks x {opts.group} = {len(taskset) * opts.group} rollouts, "
+    total = len(taskset) * opts.group * opts.epochs
+    epochs = f" x {opts.epochs} epochs" if opts.epochs > 1 else ""
+    what = (f"{len(taskset)} tasks x {opts.group}{epochs} = {total} rollouts, "
             f"agent {agent.spec().path}, runtime {runtime.spec().kind}")
-    return await _attend(opts, handle, client, queue, embedded, what, len(taskset) * opts.group,
-                         out, err)
+    return await _attend(opts, handle, client, queue, embedded, what, total, out, err)
 
 
 async def _attend(opts: RunOptions, handle: Any, client: Any, queue: str, embedded: bool,

@@ -18,7 +18,6 @@ from durable_rollouts.cli.batch import announce, check_output, ui_base, write_ru
 from durable_rollouts.cli.progress import follow
 from durable_rollouts.temporal.jobs import connect
 
-from ..settings import settings
 
 __all__ = ["RegradeOptions", "regrade_job"]
 
@@ -67,7 +66,7 @@ async def regrade_job(opts: RegradeOptions, out: Console, err: Console) -> int:
     embedded = resolve_address(opts.temporal) is None
     handles = await replay.run(
         runtime=runtime, max_concurrent=opts.max_concurrent, temporal=client, name=opts.name,
-        worker=embedded if opts.worker is None else opts.worker, task_queue=settings().task_queue,
+        worker=embedded if opts.worker is None else opts.worker,
         wait=False)
     job = handles[0].job
     announce(err, job.id, f"re-grading {len(replay.rollouts)} rollouts of {opts.source} "

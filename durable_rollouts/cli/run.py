@@ -102,7 +102,9 @@ def run(
     task_queue: Annotated[
         str | None,
         typer.Option(
-            "--task-queue", help="task queue (default $ROLLOUTS_TASK_QUEUE or 'rollouts')"
+            "--task-queue", help="task queue; give one (or $ROLLOUTS_TASK_QUEUE) to share the job "
+            "with `rollouts worker`s (default: with a worker in this process, the job's own "
+            "queue rollouts-job-<id>; else $ROLLOUTS_TASK_QUEUE or 'rollouts')"
         ),
     ] = None,
     connect_timeout: ConnectTimeoutOption = 5.0,
@@ -130,6 +132,12 @@ def run(
         list[str] | None,
         typer.Option("--consumer", help="--stream: a consumer the job waits for (repeatable)"),
     ] = None,
+    epochs: Annotated[
+        int, typer.Option("--epochs", help="run the rows this many times, each epoch in its own order")
+    ] = 1,
+    seed: Annotated[
+        int | None, typer.Option("--seed", help="seed of the epochs' orders (default 0 with --epochs)")
+    ] = None,
 ) -> None:
     from durable_rollouts.cli.batch import RunOptions, run_batch
 
@@ -156,6 +164,8 @@ def run(
         max_in_flight=max_in_flight,
         max_staleness=max_staleness,
         consumers=consumers or [],
+        epochs=epochs,
+        seed=seed,
     )
     drive(lambda out, err: run_batch(opts, out, err))
 

@@ -8,12 +8,19 @@ hud, the error says how to install it.
 
 A user's file is run by :func:`import_file`, which lets it import the modules next to it (as
 ``python env.py`` would) without touching ``sys.path``: while the file runs, a finder placed just
-before Python's path finder resolves top-level names in the file's folder first, and it is removed
-afterwards. Imports only ``environment.py`` and the shared errors and hud_detect modules.
+before Python's path finder resolves top-level names in the file's folder first (for the thread
+running the file only), and it is removed afterwards. Imports only ``environment.py`` and the
+shared errors and hud_detect modules.
+
+A worker loads env files with :func:`load_environment_async`: a file not imported yet runs in a
+thread, so an import that takes seconds never stalls the worker's event loop (other rollouts'
+heartbeats, issue #39). Env files are run one at a time (a lock), so a second caller waits for the
+first import and then finds the whole module, never a half-run one.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import importlib
 import importlib.abc
@@ -21,6 +28,7 @@ import importlib.machinery
 import importlib.util
 import itertools
 import sys
+import threading
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from types import ModuleType
@@ -30,18 +38,26 @@ from ..errors import ConfigError
 from ..hud_detect import is_hud_environment, missing_hud
 from .environment import Environment
 
-__all__ = ["forget_fresh", "import_file", "load_environment"]
+__all__ = ["forget_fresh", "import_file", "load_environment", "load_environment_async"]
+
+_FILE_IMPORTS = threading.RLock()  # env files run one at a time (re-entrant: one may load another)
+_WHOLE: set[str] = set()  # env file modules that finished running
 
 
 class _FolderFinder(importlib.abc.MetaPathFinder):
-    """Finds top-level modules and packages in one folder (what ``sys.path[0]`` of a script does)."""
+    """Finds top-level modules and packages in one folder (what ``sys.path[0]`` of a script does),
+    for imports made by the thread that runs the file (others, e.g. the event loop's, never see
+    the folder)."""
 
     def __init__(self, folder: str) -> None:
         self.folder = folder
+        self.thread = threading.get_ident()
 
     def find_spec(self, fullname: str, path: Sequence[str] | None = None,
                   target: ModuleType | None = None) -> importlib.machinery.ModuleSpec | None:
         if path is not None:  # a submodule: its package's own __path__ finds it
+            return None
+        if threading.get_ident() != self.thread:
             return None
         return importlib.machinery.PathFinder.find_spec(fullname, [self.folder])
 
@@ -104,9 +120,33 @@ def _import_env_name(path: Path) -> str:
 
 def _import_env_file(path: Path, fresh: bool = False) -> ModuleType:
     module_name = _import_env_name(path)
-    if fresh:  # run the file again as a module of its own; what it imports stays cached
-        return import_file(path, f"{module_name}_{next(_FRESH)}")
-    return sys.modules.get(module_name) or import_file(path, module_name)
+    with _FILE_IMPORTS:  # a module in sys.modules while another thread still runs it is half-made
+        if fresh:  # run the file again as a module of its own; what it imports stays cached
+            return import_file(path, f"{module_name}_{next(_FRESH)}")
+        module = sys.modules.get(module_name) or import_file(path, module_name)
+        _WHOLE.add(module_name)
+        return module
+
+
+def _imported(target: str) -> bool:
+    """Whether loading ``target`` needs no import and no wait (its module is whole); never blocks."""
+    path = Path(target)
+    if target.endswith(".py") or path.is_file():
+        if not path.is_file():
+            return True  # load_environment raises its error at once
+        name = _import_env_name(path.resolve())
+        return name in _WHOLE and name in sys.modules
+    module = sys.modules.get(target.partition(":")[0])
+    return module is not None and not getattr(getattr(module, "__spec__", None), "_initializing", False)
+
+
+async def load_environment_async(target: str, name: str | None = None, **options: Any) -> Any:
+    """:func:`load_environment` (``options`` passed on) without blocking the event loop: a module
+    not imported yet, or a file run afresh, is imported in a thread (the loop keeps serving other
+    rollouts meanwhile)."""
+    if not options.get("fresh") and _imported(target):
+        return load_environment(target, name, **options)
+    return await asyncio.to_thread(load_environment, target, name, **options)
 
 
 _FRESH = itertools.count(1)

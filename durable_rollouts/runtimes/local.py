@@ -201,7 +201,8 @@ class LocalRuntime(DurableProvider):
         return (limits.startup_timeout_s if limits and limits.startup_timeout_s else self.ready_timeout)
 
     async def _environment_for(self, task: Task) -> Any:
-        from ..envserver import Environment, load_environment
+        from ..envserver import Environment
+        from ..envserver.loader import load_environment_async
         from ..hud_detect import is_hud_environment
 
         if self.factory is not None:
@@ -214,7 +215,8 @@ class LocalRuntime(DurableProvider):
             if not target:
                 raise ConfigError(f"LocalRuntime has no source and task {task.slug} names none")
             try:
-                env = load_environment(str(target), self.env_name or task.env, fresh=not self.shared)
+                env = await load_environment_async(  # off the loop
+                    str(target), self.env_name or task.env, fresh=not self.shared)
             except ConfigError:
                 raise
             except Exception as exc:

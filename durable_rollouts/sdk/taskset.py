@@ -214,6 +214,8 @@ class Taskset:
         or ``"fail"`` (cancel the rest of the batch; every substrate is still torn down).
         ``runtime``: a built-in provider, or any ``(task) -> async context manager yielding a
         Runtime``; None serves each row from the env file that declares it, per rollout.
+        ``epochs=N`` runs the rows N times, each epoch in its own order drawn from ``seed``
+        (default 0); the rows then reach the batch as pages in storage, a window at a time.
         """
         # The durable executor is the Temporal layer: looked up by name when a batch runs, so
         # sdk/ never imports it (tests/test_layering.py) and plain imports never load Temporal.
@@ -242,7 +244,8 @@ class Taskset:
         policy versions behind is not delivered (re-sampled: ``on_stale="resample"``, default,
         or dropped). ``on_error="drop_sample"`` keeps a group without its failed members.
         More keyword arguments as for :meth:`run` and ``on_stale``, ``linger_s`` (how long the
-        finished batch stays open for consumers that lag), ``policy_version``, ``worker``.
+        finished batch stays open for consumers that lag), ``policy_version``, ``worker``,
+        ``epochs`` and ``seed`` (the rows N times, each epoch in its own order from the seed).
         """
         start_live = importlib.import_module(LIVE_JOBS).start_live
         runtime = resolve_placement(runtime, self)

@@ -1,4 +1,4 @@
-"""A job's results and rows as claim checks: chunks of JSONL in the blob store.
+"""A job's results and rows as claim checks: chunks of JSONL and row pages in the blob store.
 
 The ``TasksetRun`` workflow's activities write here (``store_results``, the rows of a large
 batch) and every reader of a job reads here (``temporal.jobs``, resume): one format, one module,
@@ -13,6 +13,7 @@ from pathlib import Path
 
 from ..models import ResultsRef, RolloutResult, Task
 from ..paths import rollouts_home
+from . import row_pages
 from .blobs import BlobStore, default_blobs
 
 __all__ = ["ResultStore"]
@@ -38,10 +39,6 @@ class ResultStore:
         data = "".join(r.model_dump_json() + "\n" for r in results).encode()
         return ResultsRef(uri=self._store().put(data), count=len(results))
 
-    def put_rows(self, job_id: str, batch_index: int, rows: list[Task]) -> str:
-        """Store a batch's rows as JSONL; returns the uri (the TasksetRun's rows claim check)."""
-        return self._store().put("".join(r.model_dump_json(exclude={"slug"}) + "\n" for r in rows).encode())
-
     @staticmethod
     def _read(uri: str) -> bytes:
         if not uri.startswith("file://"):
@@ -55,7 +52,13 @@ class ResultStore:
 
     @staticmethod
     def get_rows(uri: str, start: int, stop: int) -> list[Task]:
-        lines = ResultStore._read(uri).decode().splitlines()[start:stop]
+        """Rows ``start:stop`` of a batch: from paged rows (``row_pages``: a manifest, maybe
+        several epochs; only the pages the window touches are read) or one JSONL blob (earlier
+        releases)."""
+        data = ResultStore._read(uri)
+        if row_pages.is_manifest(data):
+            return row_pages.read(data, start, stop, ResultStore._read)
+        lines = data.decode().splitlines()[start:stop]
         return [Task.model_validate_json(line) for line in lines]
 
     @staticmethod

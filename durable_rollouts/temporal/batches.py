@@ -46,6 +46,8 @@ from durable_rollouts.temporal.jobs import (
     load_results,
     run_from_result,
 )
+from durable_rollouts.temporal.queues import batch_queue
+from durable_rollouts.stores.row_pages import MAX_EPOCHS, check_epochs, manifest_bytes, put_pages
 from durable_rollouts.workflows import TasksetRun, workflow_id
 from durable_rollouts.workflows.stream import PolicyRef, StreamOptions
 from durable_rollouts.workflows.types import (
@@ -141,6 +143,7 @@ class JobHandle:
     trace_store: TraceStore | None = None
     lease: lifetime.Lease | None = None
     relet: Callable[[], Awaitable[lifetime.Lease]] | None = None
+    rows_ref: str | None = None  # paged rows in another order than ``rows`` (epochs, a seed)
 
     @property
     def workflow_id(self) -> str:
@@ -167,7 +170,14 @@ class JobHandle:
             result = await self.handle.result()
         finally:
             await self.release()
-        self.job.runs.extend(runs_from_result(result, self.job.id, self.rows, self.trace_store))
+        rows = self.rows
+        if self.rows_ref is not None:  # each position's row (its epoch's order), up to the last run
+            from durable_rollouts.stores.results import ResultStore
+
+            top = 1 + max((r.row_index for r in load_results(result.result_refs, result.results)),
+                          default=-1)
+            rows = await asyncio.to_thread(ResultStore.get_rows, self.rows_ref, 0, top)
+        self.job.runs.extend(runs_from_result(result, self.job.id, rows, self.trace_store))
         return self.job
 
     async def release(self) -> None:
@@ -211,7 +221,8 @@ async def start_job(taskset: Any, agent: Any, *, runtime: Any, group: int | None
                     max_attempts: int = 3, trace_store: TraceStore | None = None,
                     max_history_events: int | None = None, retries: int = 0,
                     on_error: str = "keep", stream: StreamOptions | None = None,
-                    policy: PolicyRef | None = None) -> JobHandle:
+                    policy: PolicyRef | None = None, epochs: int | None = 1,
+                    seed: int | None = None) -> JobHandle:
     """Start one batch (a ``TasksetRun`` workflow) and return its handle without waiting.
 
     Args:
@@ -219,10 +230,18 @@ async def start_job(taskset: Any, agent: Any, *, runtime: Any, group: int | None
         on_error: what an error left after retries means: ``keep``, ``drop_group`` (the group is
             exported with ``dropped: true`` and left out of stats) or ``fail`` (cancel the rest).
         worker: run an in-process worker (default: only with the embedded dev server).
-        task_queue: the shared queue (default ``$ROLLOUTS_TASK_QUEUE`` or ``rollouts``).
+        task_queue: the queue (default: with an in-process worker, the job's own queue
+            ``rollouts-job-<id>``; else ``$ROLLOUTS_TASK_QUEUE`` or ``rollouts``; see ``queues``).
         stream: keep finished groups for consumers and pace against them (``Taskset.start``).
         policy: the policy the first rollouts sample with.
+        epochs: run the rows this many times, each epoch (with ``seed``, or when ``epochs > 1``)
+            in its own order drawn from ``seed`` (default 0); see ``stores.row_pages``. None
+            (a streamed batch only): epoch after epoch until ``job.close()``.
+        seed: the seed of the epochs' orders (None with ``epochs=1``: the taskset's order).
     """
+    check_epochs(epochs, seed, streamed=stream is not None)
+    if seed is None and epochs != 1:
+        seed = 0
     rows = list(taskset)
     agent = as_agent(agent)  # ours, or a HUD v6 agent (wrapped: it travels as its own class path)
     group = Job.batch_group(group, job)
@@ -234,9 +253,12 @@ async def start_job(taskset: Any, agent: Any, *, runtime: Any, group: int | None
     agent_spec = agent.spec()
     provider_spec = runtime.spec()
     client, embedded = await _client(temporal)
-    queue = task_queue or settings().task_queue
+    in_process = worker if worker is not None else embedded
+    if job is None:
+        job = Job(name=name or taskset.name, group=group, taskset=taskset.name)
+    queue = batch_queue(task_queue, job_id=job.id, in_process=in_process)  # ours, unless chosen
     relet = None
-    if worker if worker is not None else embedded:
+    if in_process:
         relet = functools.partial(_ensure_worker, client, queue, max_concurrent)
     else:
         check_remote(agent_spec)  # the agent must import on workers outside this process
@@ -246,7 +268,8 @@ async def start_job(taskset: Any, agent: Any, *, runtime: Any, group: int | None
                               max_concurrent=max_concurrent, job=job, rollout_timeout=rollout_timeout,
                               name=name, max_attempts=max_attempts, trace_store=trace_store,
                               max_history_events=max_history_events, retries=retries,
-                              on_error=on_error, eager=lease is not None, stream=stream, policy=policy)
+                              on_error=on_error, eager=lease is not None, stream=stream, policy=policy,
+                              epochs=epochs, seed=seed)
     except BaseException:
         if lease is not None:
             await lease.release()
@@ -260,7 +283,8 @@ async def _start(taskset: Any, agent_spec: Any, provider_spec: Any, runtime: Any
                  rollout_timeout: float | None, name: str | None, max_attempts: int,
                  trace_store: TraceStore | None, max_history_events: int | None, retries: int = 0,
                  on_error: str = "keep", eager: bool = False, stream: StreamOptions | None = None,
-                 policy: PolicyRef | None = None) -> JobHandle:
+                 policy: PolicyRef | None = None, epochs: int | None = 1,
+                 seed: int | None = None) -> JobHandle:
     """Start the ``TasksetRun`` workflow of a validated batch.
 
     ``eager``: this process runs a worker on ``queue`` with this client, so ask the server to
@@ -279,22 +303,24 @@ async def _start(taskset: Any, agent_spec: Any, provider_spec: Any, runtime: Any
     job.agent = agent_spec
     register_taskset(taskset)
     rows_ref = None
-    # keep the workflow input (and every continue-as-new carry) small: rows go by claim check
-    if len(rows) > INLINE_ROWS or sum(len(r.model_dump_json()) for r in rows) > INLINE_ROWS_BYTES:
-        from durable_rollouts.stores.results import ResultStore
-
-        rows_ref = ResultStore().put_rows(job.id, batch_index, rows)
+    open_ended = epochs is None  # epoch after epoch (up to MAX_EPOCHS) until the stream closes
+    epochs = MAX_EPOCHS if epochs is None else epochs
+    # keep the workflow input (and every continue-as-new carry) small: rows go by claim check,
+    # as pages (row_pages) the workflow loads a window at a time; so do epochs
+    if (epochs > 1 or seed is not None or len(rows) > INLINE_ROWS
+            or sum(len(r.model_dump_json()) for r in rows) > INLINE_ROWS_BYTES):
+        rows_ref = await asyncio.to_thread(_put_pages, rows, epochs, seed)
     inp = TasksetRunInput(
         job_id=job.id, job_name=name, batch_index=batch_index, taskset_name=taskset.name,
         taskset_class=taskset_class_path(taskset), rows=[] if rows_ref else rows,
-        rows_ref=rows_ref, total_rows=len(rows), group=group,
+        rows_ref=rows_ref, total_rows=len(rows) * epochs, group=group,
         max_concurrent=min(max_concurrent, MAX_CONCURRENT), agent=agent_spec, provider=provider_spec,
         rollout_timeout_s=rollout_timeout, max_attempts=max_attempts, task_queue=queue,
         search_attributes=attrs_ok, retries=retries, on_error=on_error,  # type: ignore[arg-type]
         local_steps=getattr(runtime, "locality", "global") in ("process", "host"),
         ephemeral=bool(getattr(runtime, "ephemeral", False)),
         queue_timeout_s=settings().queue_timeout, agent_heartbeat_s=settings().agent_heartbeat,
-        stream=stream, policy=policy,
+        stream=stream, policy=policy, open_ended=open_ended,
         **({"max_history_events": max_history_events, "flush_results_over": 0}
            if max_history_events else {}),
     )
@@ -303,9 +329,20 @@ async def _start(taskset: Any, agent_spec: Any, provider_spec: Any, runtime: Any
         TasksetRun.run, inp, id=workflow_id(job.id, batch_index), task_queue=queue,
         search_attributes=attrs, memo={"job_name": name, "taskset": taskset.name, "group": group,
                                           MEMO_KEY: release_name()},
-        static_summary=f"{name}: {len(rows)} tasks x {group}", request_eager_start=eager,
+        static_summary=f"{name}: {len(rows)} tasks x {group}" + (
+            " until closed" if open_ended else f" x {epochs} epochs" if epochs > 1 else ""),
+        request_eager_start=eager,
     )
-    return JobHandle(job=job, batch_index=batch_index, handle=handle, rows=rows, trace_store=trace_store)
+    return JobHandle(job=job, batch_index=batch_index, handle=handle, rows=rows, trace_store=trace_store,
+                     rows_ref=rows_ref if seed is not None else None)
+
+
+def _put_pages(rows: list[Task], epochs: int, seed: int | None) -> str:
+    """Store ``rows`` as pages and their manifest (``row_pages``); the manifest's uri."""
+    from durable_rollouts.temporal import storage
+
+    store = storage.blobs()
+    return store.put(manifest_bytes(put_pages(rows, store.put, epochs=epochs, seed=seed)))
 
 
 async def run_taskset(taskset: Any, agent: Any, *, runtime: Any, group: int | None = None, max_concurrent: int = 16,
@@ -330,15 +367,18 @@ async def run_taskset(taskset: Any, agent: Any, *, runtime: Any, group: int | No
 async def job_progress(job_id: str, temporal: Any = None) -> list[Progress]:
     """The ``progress`` of every batch of a job (running or finished)."""
     client, embedded = await _client(temporal)
-    lease = None
-    if embedded:  # queries need a worker: on the embedded server, ours (only for the queries)
-        lease = await _ensure_worker(client, settings().task_queue)
-    try:
-        return [await client.get_workflow_handle_for(TasksetRun.run, desc.id).query(TasksetRun.progress)
-                for desc in await batch_descriptions(client, job_id)]
-    finally:
-        if lease is not None:
-            await lease.release()
+    progress = []
+    for desc in await batch_descriptions(client, job_id):
+        lease = None
+        if embedded:  # queries need a worker: on the embedded server, ours on the batch's queue
+            lease = await _ensure_worker(client, desc.task_queue)
+        try:
+            progress.append(await client.get_workflow_handle_for(TasksetRun.run, desc.id)
+                            .query(TasksetRun.progress))
+        finally:
+            if lease is not None:
+                await lease.release()
+    return progress
 
 
 async def get_job(job_id: str, temporal: Any = None, *, wait: bool = False) -> Job:

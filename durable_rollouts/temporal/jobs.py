@@ -245,6 +245,37 @@ def batch_rows(inp: TasksetRunInput) -> list[Task]:
     )
 
 
+async def reached_rows(client: Client, job_id: str, desc: Any, inp: TasksetRunInput) -> list[Task]:
+    """The rows an open-ended batch (``epochs=None``) has reached, not the epochs it never will:
+    a completed one's up to its last result; else those up to the carried ``next_index``, then
+    each further row whose group's first rollout started (groups start in order)."""
+    from ..activities.taskset import ResultStore
+
+    assert inp.rows_ref is not None
+
+    def get(start: int, stop: int) -> Any:
+        return asyncio.to_thread(ResultStore.get_rows, inp.rows_ref, start, stop)
+
+    if desc.status == WorkflowExecutionStatus.COMPLETED:
+        res = await client.get_workflow_handle_for(TasksetRun.run, desc.id, run_id=desc.run_id).result()
+        return list(await get(0, 1 + max((r.row_index for r in load_results(res.result_refs, res.results)),
+                                         default=-1)))
+    rows: list[Task] = list(await get(0, -(-inp.next_index // inp.group)))
+    sem = asyncio.Semaphore(_CHILD_LOOKUPS)
+
+    async def started(task: Task) -> bool:
+        async with sem:
+            return await describe(client, rollout_id(job_id, task.slug, 0, inp.batch_index)) is not None
+
+    while True:
+        window = await get(len(rows), len(rows) + 100)
+        found = await asyncio.gather(*(started(t) for t in window))
+        reached = next((i for i, ok in enumerate(found) if not ok), len(window))
+        rows.extend(window[:reached])
+        if reached < len(window) or not window:
+            return rows
+
+
 def _slots(rows: list[Task], group: int) -> list[tuple[int, int]]:
     return [(row, gi) for row in range(len(rows)) for gi in range(group)]
 
@@ -339,7 +370,7 @@ def _runs(job_id: str, inp: TasksetRunInput, rows: list[Task], closed: bool,
 
 async def _batch(client: Client, job_id: str, index: int, desc: Any, traces: bool) -> BatchView:
     inp: TasksetRunInput = await read_input(client, desc.id, desc.run_id, TasksetRunInput)
-    rows = batch_rows(inp)
+    rows = await reached_rows(client, job_id, desc, inp) if inp.open_ended else batch_rows(inp)
     status = status_name(desc.status)
     by_id = await _latest_by_rollout(client, job_id, desc, inp, rows)
     runs = _runs(job_id, inp, rows, status != "running", by_id, TraceStore() if traces else None)

@@ -85,7 +85,8 @@ class TasksetRun(StreamHandlers):
     @workflow.run
     async def run(self, inp: TasksetRunInput) -> TasksetRunResult:
         total = self._total(inp)
-        progress = inp.progress or Progress(job_id=inp.job_id, batch_index=inp.batch_index, total=total)
+        progress = inp.progress or Progress(job_id=inp.job_id, batch_index=inp.batch_index,
+                                            total=0 if inp.open_ended else total)
         if inp.progress is not None:
             progress.runs += 1
         progress.running = 0
@@ -98,7 +99,7 @@ class TasksetRun(StreamHandlers):
         index = inp.next_index
         pending: list[asyncio.Task[RolloutResult]] = []
         try:
-            while self._more(index, total) or pending:
+            while self._more(index, total := self._until(inp, index, total)) or pending:
                 if self._failed_on is not None:  # on_error="fail": cancel the rest (teardown runs)
                     index = await self._fail_rest(inp, pending, index, total, results)
                     pending = []
@@ -124,11 +125,14 @@ class TasksetRun(StreamHandlers):
                     index = self._consume(slot, index)
                     progress.started += 1
                     progress.running += 1
+                if inp.open_ended:  # its total: the rollouts started so far, and re-samples to come
+                    progress.total = progress.started + (len(self._stream.slots) if self._stream else 0)
                 if self._failed_on is not None:
                     continue  # cancel the rest at the top of the loop
                 if not pending:
                     if self._held(index, total, inp):  # wait for an ack (or a long history)
-                        await workflow.wait_condition(lambda: not self._held(index, total, inp))
+                        await workflow.wait_condition(
+                            lambda: not self._held(index, self._until(inp, index, total), inp))
                         continue
                     break
                 await self._collect(inp, pending, results, gate=self._held_back(index, total))
@@ -274,6 +278,15 @@ class TasksetRun(StreamHandlers):
             results.append(result)
             self._progress.running -= 1
             self._count(inp, result)
+
+    def _until(self, inp: TasksetRunInput, index: int, total: int) -> int:
+        """The batch's slots: ``total``; an open-ended one (``epochs=None``) ends with the group
+        it is in once its stream was closed (``job.close()``) or ``on_error="fail"`` stopped it."""
+        if not inp.open_ended:
+            return total
+        if self._failed_on is None and not (self._stream is not None and self._stream.closed):
+            return total
+        return min(total, -(-index // inp.group) * inp.group)
 
     @classmethod
     def _total(cls, inp: TasksetRunInput) -> int:

@@ -169,6 +169,8 @@ class TasksetRunInput(_Model):
     # Large tasksets travel by claim check: a JSONL file of rows, loaded in windows by activity.
     rows_ref: str | None = None
     total_rows: int | None = None
+    # epochs=None: the paged rows again and again (total_rows is a bound) until the stream closes
+    open_ended: bool = False
     # Resume: run only these (row_index, group_index) slots, sorted (stable rollout ids keep).
     only: list[tuple[int, int]] | None = None
     group: int = Field(default=1, ge=1)

@@ -57,6 +57,8 @@ def free_port() -> int:
             "is not HOST:PORT",
         ),
         (["run", str(LETTERS)], "Missing option '--agent'"),
+        (["run", str(LETTERS), "--agent", "fixed", "--epochs", "-1"], "epochs=-1: use a whole number"),
+        (["run", str(LETTERS), "--agent", "fixed", "--epochs", "0"], "epochs=0: use a whole number"),
         (["resume", "somejob", "--only", "bogus"], "--only 'bogus'"),
         (["jobs", "--limit", "0"], "--limit must be at least 1"),
         (["frobnicate"], "No such command"),

@@ -125,8 +125,8 @@ def _scripts(tmp: Path) -> dict[str, tuple[list[str], Path]]:
 
 
 def _run(index: int, kind: str, argv: list[str], cwd: Path, tmp: Path) -> Outcome:
-    # One server, but a task queue per run: in-process workers of concurrent scripts on one
-    # queue take each other's rollouts (a __main__ agent then fails to import there).
+    # One server, and a chosen task queue per run (without one, each job gets its own queue:
+    # tests/cli/test_two_experiments.py); a shared one would mix concurrent scripts' rollouts.
     env = cli_env(PYTHONFAULTHANDLER="1", ROLLOUTS_TASK_QUEUE=f"exit-no-hang-{index}",
                   PYTHONPATH=os.pathsep.join([str(tmp), os.environ.get("PYTHONPATH", "")]))
     started = time.monotonic()

@@ -54,3 +54,53 @@ def test_a_file_that_raises_is_not_left_in_sys_modules(tmp_path: Path) -> None:
     with pytest.raises(RuntimeError, match="boom"):
         import_file(tmp_path / "broken.py", "loader_test_broken")
     assert "loader_test_broken" not in sys.modules and sys.meta_path == finders
+
+
+async def test_a_slow_env_file_loads_off_the_event_loop_once_for_concurrent_callers(
+        tmp_path: Path) -> None:
+    """``load_environment_async``: the file runs in a thread (the loop keeps ticking), once for
+    five concurrent callers, who all get the whole module's Environment; its sibling is importable
+    by the thread running it, never by the loop meanwhile."""
+    import asyncio
+    import time
+
+    from durable_rollouts.envserver.loader import load_environment_async
+
+    folder = tmp_path / "slowproj"
+    runs = tmp_path / "runs.log"
+    _write(folder, {
+        "loader_slow_sibling.py": "WORD = 'banana'\n",
+        "env.py": "import time\n"
+                  f"open({str(runs)!r}, 'a').write('ran\\n')\n"
+                  "time.sleep(1.0)\n"
+                  "import loader_slow_sibling\n"
+                  "from durable_rollouts.envserver import Environment\n"
+                  "env = Environment(name=loader_slow_sibling.WORD)\n",
+    })
+    ticks = 0
+    seen_sibling = []
+
+    async def tick() -> None:
+        nonlocal ticks
+        began = time.monotonic()
+        while time.monotonic() - began < 0.9:
+            await asyncio.sleep(0.05)
+            ticks += 1
+            if time.monotonic() - began > 0.5:  # (the file imports it after its 1 s sleep)
+                continue
+            try:  # the env's folder is not on the loop thread's path while the file runs
+                __import__("loader_slow_sibling")
+                seen_sibling.append(True)
+            except ImportError:
+                pass
+
+    *envs, _ = await asyncio.gather(*(load_environment_async(str(folder / "env.py"))
+                                      for _ in range(5)), tick())
+    assert ticks >= 9, ticks  # ~18 when the loop is free; 1 if the import had blocked it
+    assert not seen_sibling
+    assert {id(e) for e in envs} == {id(envs[0])} and envs[0].name == "banana"
+    assert runs.read_text() == "ran\n"
+    began = time.monotonic()  # loaded: the next call neither imports nor waits
+    assert await load_environment_async(str(folder / "env.py")) is envs[0]
+    assert time.monotonic() - began < 0.5
+    sys.modules.pop("loader_slow_sibling", None)
