@@ -43,6 +43,7 @@ from temporalio.worker import (
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
 
 from durable_rollouts.activities import Queues, RolloutActivities, TasksetActivities
+from durable_rollouts.activities.admission import AdmissionActivities
 from durable_rollouts.activities.owner import OwnerInterceptor
 from durable_rollouts.errors import ConfigError
 from durable_rollouts.release import worker_identity
@@ -52,6 +53,7 @@ from durable_rollouts.settings import WORKER_READY, Settings, settings, var
 from durable_rollouts.temporal.eviction import evict_cached
 from durable_rollouts.temporal.storage import storage_url
 from durable_rollouts.workflows import Rollout, TasksetRun
+from durable_rollouts.workflows.admission import AdmissionWorkflow
 from durable_rollouts.workflows.types import DEFAULT_TASK_QUEUE
 
 __all__ = ["DEFAULT_GC_EVERY_S", "RolloutWorker", "WorkerParts", "build_worker", "host_queue_name",
@@ -62,7 +64,7 @@ log = logging.getLogger(__name__)
 DEFAULT_GC_EVERY_S: float = Settings.model_fields["gc_every"].default  # 0 disables the sweep
 GC_EVERY_ENV = var("gc_every")
 
-WORKFLOWS = [TasksetRun, Rollout]
+WORKFLOWS = [TasksetRun, Rollout, AdmissionWorkflow]
 # Heartbeats reach the server at most this often (activities/rollout.py beats twice as often).
 HEARTBEAT_THROTTLE = timedelta(seconds=2)
 # Workflow-task polls: temporalio's default is 5, of which the non-sticky queue, where every new
@@ -170,7 +172,7 @@ def worker_parts(queues: Queues, *, trace_store: TraceStore | None = None,
     rollout = RolloutActivities(queues, trace_store=trace_store)
     return WorkerParts(
         workflows=list(WORKFLOWS),
-        activities=[*rollout.all(), *TasksetActivities().all()],
+        activities=[*rollout.all(), *TasksetActivities().all(), *AdmissionActivities().all()],
         step_activities=rollout.all(),
         interceptors=[*interceptors, OwnerInterceptor(), _Board()],
     )

@@ -69,6 +69,8 @@ class RunOptions:
     max_in_flight: int | None = None
     max_staleness: int | None = None
     consumers: list[str] = field(default_factory=list)
+    max_provisions_per_s: float | None = None
+    max_substrates: int | None = None
 
 
 def ui_base(address: str | None) -> str | None:
@@ -266,7 +268,7 @@ async def run_batch(opts: RunOptions, out: Console, err: Console) -> int:
     from durable_rollouts.temporal.batches import check_policy, start_job
     from durable_rollouts.temporal.connection import resolve_address
     from ..sdk.validation import validate_batch
-    from .specs import check_sources, load_agent_spec, load_tasks, parse_runtime
+    from .specs import admit_runtime, check_sources, load_agent_spec, load_tasks, parse_runtime
 
     check_output(opts.output, opts.as_json, opts.export_format, opts.detach)
     stream = _stream_options(opts)
@@ -274,6 +276,7 @@ async def run_batch(opts: RunOptions, out: Console, err: Console) -> int:
     taskset = load_tasks(opts.tasks, opts.name)
     agent = load_agent_spec(opts.agent, opts.agent_config)
     runtime = parse_runtime(opts.runtime)
+    admit_runtime(runtime, opts.max_provisions_per_s, opts.max_substrates)
     check_sources(taskset, runtime)
     validate_batch(
         list(taskset),

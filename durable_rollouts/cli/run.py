@@ -130,6 +130,16 @@ def run(
         list[str] | None,
         typer.Option("--consumer", help="--stream: a consumer the job waits for (repeatable)"),
     ] = None,
+    max_provisions_per_s: Annotated[
+        float | None,
+        typer.Option("--max-provisions-per-s",
+                     help="substrates created per second at most, across every worker of the queue"),
+    ] = None,
+    max_substrates: Annotated[
+        int | None,
+        typer.Option("--max-substrates",
+                     help="live substrates at most, across every worker of the queue"),
+    ] = None,
 ) -> None:
     from durable_rollouts.cli.batch import RunOptions, run_batch
 
@@ -156,6 +166,8 @@ def run(
         max_in_flight=max_in_flight,
         max_staleness=max_staleness,
         consumers=consumers or [],
+        max_provisions_per_s=max_provisions_per_s,
+        max_substrates=max_substrates,
     )
     drive(lambda out, err: run_batch(opts, out, err))
 

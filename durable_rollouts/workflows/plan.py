@@ -3,8 +3,8 @@
 Every Rollout runs the card's steps, ``provision -> connect -> start -> agent -> grade ->
 [verify] -> teardown``, each a separately named activity in its history. :func:`build_plan`
 reads its table once per run, from the task (a verifier adds its three steps) and the runtime
-(a fast local substrate may provision and tear down as local activities); the workflow walks
-the result.
+(a fast local substrate may provision and tear down as local activities, but never provisions
+locally under fleet-wide admission); the workflow walks the result.
 
 "Local" steps run as local activities (a marker event with the activity type in history) when
 the substrate is reachable from the workflow's own worker, that is when the substrate's queue
@@ -97,7 +97,9 @@ def build_plan(inp: RolloutInput) -> RolloutPlan:
                    if inp.rollout_timeout_s else AGENT_NO_TIMEOUT)
     minutes, seconds = (lambda n: timedelta(minutes=n)), (lambda n: timedelta(seconds=n))
     steps = [  # step, activity, phase, start-to-close, attempts, heartbeat, local when reachable
-        StepOptions("provision", ACT_PROVISION, "provisioning", minutes(10), 5, seconds(10), fast),
+        # admitted provisions are regular activities: their start times are the server's
+        StepOptions("provision", ACT_PROVISION, "provisioning", minutes(10), 5, seconds(10),
+                    fast and inp.admission is None),
         StepOptions("connect", ACT_CONNECT, "connecting", minutes(2), 3, None, True),
         StepOptions("start", ACT_START, "starting task", minutes(2), 5, None, True),
         StepOptions("agent", ACT_AGENT, "agent loop", agent_limit, 5, seconds(5), False),
