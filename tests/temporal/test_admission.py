@@ -20,15 +20,16 @@ from admission_provider import LiveCounter, max_live
 from temporal_helpers import ENV_FILE, CountingAgent, wait_for
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client
+from temporalio.worker import Replayer
 
-from durable_rollouts.cli.specs import admit_runtime
-from durable_rollouts.errors import ConfigError
+from durable_rollouts.admission import admission_workflow_id
 from durable_rollouts.models import Task
-from durable_rollouts.sdk.providers import Runtime, SubprocessRuntime
 from durable_rollouts.sdk.taskset import Taskset
 from durable_rollouts.temporal.batches import start_job
+from durable_rollouts.temporal.codec import data_converter
 from durable_rollouts.temporal.jobs import load_job
-from durable_rollouts.workflows import rollout_id
+from durable_rollouts.workflows import Rollout, TasksetRun, rollout_id, workflow_id
+from durable_rollouts.workflows.admission import AdmissionWorkflow
 
 ROWS, GROUP = 10, 4  # 40 rollouts
 
@@ -123,18 +124,8 @@ async def test_three_workers_hold_two_provisions_per_second_and_five_live_substr
     assert most == 5 and left == 0  # the ceiling binds, and holds
     assert len(creators) >= 2  # fleet-wide: more than one worker created substrates
 
+    # the new path replays deterministically: a batch, a rollout that waited, the admission workflow
+    replayer = Replayer(workflows=[TasksetRun, Rollout, AdmissionWorkflow], data_converter=data_converter())
+    for wid in (workflow_id(job_id), ids[-1], admission_workflow_id(task_queue, runtime.kind)):
+        await replayer.replay_workflow(await client.get_workflow_handle(wid).fetch_history())
 
-def test_admission_options_are_checked_and_need_a_runtime_that_places_substrates() -> None:
-    """Bad values are one clear ConfigError; a borrowed server takes no admission options."""
-    runtime = SubprocessRuntime(ENV_FILE, max_provisions_per_s=0.5, max_substrates=3)
-    assert runtime.admission is not None
-    assert (runtime.admission.burst, runtime.admission.window_s) == (1, 2.0)
-    assert SubprocessRuntime(ENV_FILE).admission is None
-    for bad in ({"max_provisions_per_s": 0}, {"max_provisions_per_s": -1.0},
-                {"max_substrates": 0}, {"max_substrates": 2.5}, {"max_substrates": True}):
-        with pytest.raises(ConfigError, match="max_"):
-            SubprocessRuntime(ENV_FILE, **bad)  # type: ignore[arg-type]
-    with pytest.raises(ConfigError, match="tcp://"):
-        admit_runtime(Runtime("tcp://127.0.0.1:1"), 2, None)
-    admit_runtime(runtime, None, 7)
-    assert runtime.admission == runtime.admission.model_validate({"max_substrates": 7})
