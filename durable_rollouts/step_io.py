@@ -4,7 +4,7 @@
 payloads of the ``Rollout`` workflow's activities, so they are recorded in workflow history and
 must keep decoding histories of older releases (fields are only ever added, with defaults).
 The models of the merged steps older releases ran (``Opened``, ``OpenSpec``, ``AgentInput.open``
-and ``.close``) stay for that reason. Imports pydantic and ``durable_rollouts.models`` only, so
+and ``.close``) stay for that reason. Imports pydantic, ``durable_rollouts.models`` and ``admission`` only, so
 workflows may import it inside their sandbox.
 """
 
@@ -14,6 +14,7 @@ from typing import Any
 
 from pydantic import Field
 
+from durable_rollouts.admission import AdmissionTicket
 from durable_rollouts.models import (
     AgentSpec,
     Endpoint,
@@ -54,6 +55,7 @@ class ProvisionInput(_Model):
     key: str
     task: Task
     provider: ProviderSpec
+    admission: AdmissionTicket | None = None  # fleet-wide admission: report the start there
 
 
 class ConnectInput(_Model):

@@ -46,6 +46,7 @@ from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxR
 from durable_rollouts.activities import Queues, RolloutActivities, TasksetActivities
 from durable_rollouts.activities.liveness import LIVENESS_SLOTS, queue_alive
 from durable_rollouts.capacity import DEFAULT_SLOTS, check_capacity, register_slots, slots_for
+from durable_rollouts.activities.admission import AdmissionActivities
 from durable_rollouts.activities.owner import OwnerInterceptor
 from durable_rollouts.errors import ConfigError
 from durable_rollouts.release import worker_identity
@@ -56,6 +57,7 @@ from durable_rollouts.temporal.eviction import evict_cached
 from durable_rollouts.temporal.storage import storage_url
 from durable_rollouts.workflows import Rollout, TasksetRun
 from durable_rollouts.workflows.queue_probe import alive_queue
+from durable_rollouts.workflows.admission import AdmissionWorkflow
 from durable_rollouts.workflows.types import DEFAULT_TASK_QUEUE
 
 __all__ = ["DEFAULT_GC_EVERY_S", "RolloutWorker", "WorkerParts", "build_worker", "host_queue_name",
@@ -66,7 +68,7 @@ log = logging.getLogger(__name__)
 DEFAULT_GC_EVERY_S: float = Settings.model_fields["gc_every"].default  # 0 disables the sweep
 GC_EVERY_ENV = var("gc_every")
 
-WORKFLOWS = [TasksetRun, Rollout]
+WORKFLOWS = [TasksetRun, Rollout, AdmissionWorkflow]
 # Heartbeats reach the server once per 80% of the step's heartbeat timeout (temporalio's
 # throttle), at most this far apart: the agent step's 20 s gives one per 16 s. Steps with no
 # heartbeat timeout that beat anyway send one per HEARTBEAT_THROTTLE_DEFAULT.
@@ -183,7 +185,7 @@ def worker_parts(queues: Queues, *, trace_store: TraceStore | None = None,
     rollout = RolloutActivities(queues, trace_store=trace_store)
     return WorkerParts(
         workflows=list(WORKFLOWS),
-        activities=[*rollout.all(), *TasksetActivities().all()],
+        activities=[*rollout.all(), *TasksetActivities().all(), *AdmissionActivities().all()],
         step_activities=rollout.all(),
         interceptors=[*interceptors, OwnerInterceptor(), _Board()],
     )

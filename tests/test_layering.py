@@ -89,8 +89,9 @@ def test_sdk_never_imports_temporal_or_its_layers() -> None:
 
 def test_workflows_import_only_models_and_their_own_package() -> None:
     """Workflows stay deterministic: besides temporalio and stdlib, only models, the plan
-    (``steps.plan``, plain data) and workflows/."""
-    allowed = (f"{PKG}.models", f"{PKG}.step_io", f"{PKG}.ids", f"{PKG}.workflows", f"{PKG}.steps.plan")
+    (``steps.plan``, plain data), the admission limits (a pure model) and workflows/."""
+    allowed = (f"{PKG}.models", f"{PKG}.step_io", f"{PKG}.ids", f"{PKG}.workflows", f"{PKG}.steps.plan",
+               f"{PKG}.admission")
     offenders = sorted(
         f"{name} -> {dep}" for name, deps in GRAPH.items() if _layer(name) == "workflows"
         for dep in deps if dep.startswith(PKG) and not dep.startswith(allowed)
@@ -136,7 +137,8 @@ def test_the_graph_sees_function_level_imports() -> None:
 LAYERS: tuple[frozenset[str], ...] = tuple(frozenset(layer) for layer in (
     # pure and shared by every layer
     {"models", "protocol", "errors", "step_io", "settings", "paths", "locks", "backoff",
-     "processes", "streams", "release", "hud_detect", "graders", "moved", "ids", "_lazy", "capacity"},
+     "processes", "streams", "release", "hud_detect", "graders", "moved", "ids", "_lazy", "capacity",
+     "admission"},
     {"envserver", "client", "stores"},  # the env side, the control-channel client, claim checks
     {"runtimes"},  # where an env runs
     {"steps"},  # the card's steps and the plan

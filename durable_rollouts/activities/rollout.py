@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 
 from temporalio import activity
 
+from durable_rollouts.activities.admission import report_start
 from durable_rollouts.activities.checkpoints import AgentCheckpoints
 from durable_rollouts.activities.failures import map_errors
 from durable_rollouts.activities.legacy import LegacySteps
@@ -173,6 +174,7 @@ class RolloutActivities:
 
     @activity.defn(name=ACT_PROVISION)
     async def provision(self, inp: ProvisionInput) -> Endpoint:
+        await report_start(inp.admission)  # fleet-wide admission holds its rate on this start
         with map_errors():
             endpoint = await self.beating(steps.provision(inp))
         return self.pin(endpoint, provider_from_spec(inp.provider))

@@ -72,6 +72,8 @@ class RunOptions:
     consumers: list[str] = field(default_factory=list)
     epochs: int = 1
     seed: int | None = None
+    max_provisions_per_s: float | None = None
+    max_substrates: int | None = None
 
 
 def ui_base(address: str | None) -> str | None:
@@ -273,7 +275,7 @@ async def run_batch(opts: RunOptions, out: Console, err: Console) -> int:
     from durable_rollouts.temporal.connection import resolve_address
     from ..sdk.validation import validate_batch
     from ..sdk.taskset_hooks import check_taskset_flags
-    from .specs import check_sources, load_agent_spec, load_tasks, parse_runtime
+    from .specs import admit_runtime, check_sources, load_agent_spec, load_tasks, parse_runtime
 
     check_output(opts.output, opts.as_json, opts.export_format, opts.detach)
     check_epochs(opts.epochs, opts.seed)
@@ -282,6 +284,7 @@ async def run_batch(opts: RunOptions, out: Console, err: Console) -> int:
     taskset = load_tasks(opts.tasks, opts.name)
     agent = load_agent_spec(opts.agent, opts.agent_config)
     runtime = parse_runtime(opts.runtime)
+    admit_runtime(runtime, opts.max_provisions_per_s, opts.max_substrates)
     check_sources(taskset, runtime)
     check_taskset_flags(taskset, group=opts.group, runtime=runtime)
     validate_batch(

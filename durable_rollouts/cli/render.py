@@ -36,7 +36,7 @@ __all__ = [
 ]
 
 _NOT_FAILED = frozenset(
-    {"succeeded", "running", "pending", "cancelling"}
+    {"succeeded", "running", "waiting", "pending", "cancelling"}
 )  # in flight is not failed
 
 
@@ -187,6 +187,7 @@ _STATUS_STYLE = {
     "timeout": "red",
     "cancelled": "yellow",
     "running": "cyan",
+    "waiting": "dim",  # for fleet-wide admission
     "pending": "dim",
     "cancelling": "yellow",
 }

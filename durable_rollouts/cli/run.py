@@ -138,6 +138,16 @@ def run(
     seed: Annotated[
         int | None, typer.Option("--seed", help="seed of the epochs' orders (default 0 with --epochs)")
     ] = None,
+    max_provisions_per_s: Annotated[
+        float | None,
+        typer.Option("--max-provisions-per-s",
+                     help="substrates created per second at most, across every worker of the queue"),
+    ] = None,
+    max_substrates: Annotated[
+        int | None,
+        typer.Option("--max-substrates",
+                     help="live substrates at most, across every worker of the queue"),
+    ] = None,
 ) -> None:
     from durable_rollouts.cli.batch import RunOptions, run_batch
 
@@ -166,6 +176,8 @@ def run(
         consumers=consumers or [],
         epochs=epochs,
         seed=seed,
+        max_provisions_per_s=max_provisions_per_s,
+        max_substrates=max_substrates,
     )
     drive(lambda out, err: run_batch(opts, out, err))
 

@@ -20,6 +20,7 @@ from ..settings import settings
 __all__ = [
     "RUNTIME_KINDS",
     "add_cwd_to_path",
+    "admit_runtime",
     "check_sources",
     "load_agent_spec",
     "load_tasks",
@@ -171,6 +172,22 @@ def _imported_provider(module: str, attr: str) -> Any:
         raise ConfigError(f"--runtime {module}:{attr} is a {type(obj).__name__}, not a provider "
                           "((task) -> async context manager yielding a Runtime)")
     return obj if isinstance(obj, DurableProvider) else CallableProvider(obj, path=f"{module}:{attr}")
+
+
+def admit_runtime(runtime: Any, max_provisions_per_s: float | None, max_substrates: int | None) -> None:
+    """Set ``--max-provisions-per-s`` / ``--max-substrates`` on a runtime that places substrates.
+
+    Raises:
+        ConfigError: a borrowed server (``tcp://``: nothing to admit) or an invalid value.
+    """
+    from ..runtimes import Runtime
+
+    if max_provisions_per_s is None and max_substrates is None:
+        return
+    if isinstance(runtime, Runtime) or not hasattr(runtime, "admit"):
+        raise ConfigError("--max-provisions-per-s/--max-substrates need a runtime that places "
+                          "substrates (not a running server, tcp://)")
+    runtime.admit(max_provisions_per_s, max_substrates)
 
 
 def parse_runtime(spec: str) -> Any:

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
+from ..admission import Admission, admission_of
 from ..errors import ConfigError, ProviderError, ReadyTimeoutError, UnauthorizedError
 from ..models import Endpoint, ProviderSpec, RuntimeConfig, Task
 from ..paths import safe_name
@@ -99,6 +100,18 @@ class DurableProvider(ABC):
 
     honours: ClassVar[frozenset[str]] = frozenset()
     """Dotted ``RuntimeConfig`` fields this provider can honour; any other set field is rejected."""
+
+    admission: Admission | None = None
+    """Fleet-wide admission (``max_provisions_per_s``, ``max_substrates``), held by Temporal
+    across every worker of the task queue (``durable_rollouts.admission``); None: unlimited."""
+
+    def admit(self, max_provisions_per_s: float | None, max_substrates: int | None) -> None:
+        """Set this runtime's admission limits (every built-in runtime's two keyword options).
+
+        Raises:
+            ConfigError: a rate that is not above 0, or a ceiling below 1.
+        """
+        self.admission = admission_of(max_provisions_per_s, max_substrates)
 
     @abstractmethod
     def spec(self) -> ProviderSpec:

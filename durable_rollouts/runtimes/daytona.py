@@ -124,6 +124,8 @@ class DaytonaRuntime(DurableProvider):
         ssh_host: Daytona's SSH gateway, ``HOST`` or ``HOST:PORT``.
         ssh_expires_minutes: lifetime of each SSH access token.
         runtime_config: defaults for every task (image, whole cpus, memory, gpu count, limits).
+        max_provisions_per_s, max_substrates: fleet-wide admission of new substrates, held
+            by Temporal across every worker of the task queue (``DurableProvider.admit``).
     """
 
     kind: ClassVar[str] = "daytona"
@@ -141,7 +143,10 @@ class DaytonaRuntime(DurableProvider):
         ssh_host: str = "ssh.app.daytona.io",
         ssh_expires_minutes: int = 1440,
         runtime_config: RuntimeConfig | dict[str, Any] | None = None,
+        max_provisions_per_s: float | None = None,
+        max_substrates: int | None = None,
     ) -> None:
+        self.admit(max_provisions_per_s, max_substrates)
         self.snapshot_name, self.image, self.command = snapshot_name, image, command
         self.workdir, self.port = workdir, int(port)
         self.ssh_host, self.ssh_expires_minutes = ssh_host, int(ssh_expires_minutes)

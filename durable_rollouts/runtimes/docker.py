@@ -81,6 +81,8 @@ class DockerRuntime(DurableProvider):
             grant privileges or break the bookkeeping are rejected.
         runtime_config: defaults for every task; a task's own ``runtime_config`` fields win.
         env_vars: extra container environment (never task data: tasks go over the socket).
+        max_provisions_per_s, max_substrates: fleet-wide admission of new substrates, held
+            by Temporal across every worker of the task queue (``DurableProvider.admit``).
 
     Example:
         >>> runtime = DockerRuntime("letters-env", runtime_config=RuntimeConfig(
@@ -99,7 +101,10 @@ class DockerRuntime(DurableProvider):
         run_args: dict[str, Any] | None = None,
         runtime_config: RuntimeConfig | dict[str, Any] | None = None,
         env_vars: dict[str, str] | None = None,
+        max_provisions_per_s: float | None = None,
+        max_substrates: int | None = None,
     ) -> None:
+        self.admit(max_provisions_per_s, max_substrates)
         self.image = image
         self.port = int(port)
         self.run_args = dict(run_args or {})

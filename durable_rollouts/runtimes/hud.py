@@ -83,6 +83,8 @@ class HUDRuntime(DurableProvider):
         environment: the HUD environment to open (default: each task's ``env``).
         runtime_url: the HUD runtime gateway (default ``$HUD_RUNTIME_URL``, else HUD's).
         ready_timeout: how long connecting through a fresh tunnel may take, in seconds.
+        max_provisions_per_s, max_substrates: fleet-wide admission of new substrates, held
+            by Temporal across every worker of the task queue (``DurableProvider.admit``).
     """
 
     kind: ClassVar[str] = "hud"
@@ -95,7 +97,10 @@ class HUDRuntime(DurableProvider):
         environment: str | None = None,
         runtime_url: str | None = None,
         ready_timeout: float = DEFAULT_READY_TIMEOUT_S,
+        max_provisions_per_s: float | None = None,
+        max_substrates: int | None = None,
     ) -> None:
+        self.admit(max_provisions_per_s, max_substrates)
         self.environment = environment
         self.runtime_url = runtime_url
         self.ready_timeout = float(ready_timeout)

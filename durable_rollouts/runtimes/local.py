@@ -67,6 +67,8 @@ class LocalRuntime(DurableProvider):
         ready_timeout: seconds the environment may take to start.
         shared: serve each Environment once for all concurrent rollouts (initialize runs once;
             rollouts see each other's module state) instead of one per rollout.
+        max_provisions_per_s, max_substrates: fleet-wide admission of new substrates, held
+            by Temporal across every worker of the task queue (``DurableProvider.admit``).
     """
 
     kind: ClassVar[str] = "local"
@@ -75,7 +77,9 @@ class LocalRuntime(DurableProvider):
     honours: ClassVar[frozenset[str]] = frozenset({"limits.startup_timeout_s"})
 
     def __init__(self, source: Any = None, *, env_name: str | None = None,
-                 ready_timeout: float = 60.0, shared: bool = False) -> None:
+                 ready_timeout: float = 60.0, shared: bool = False,
+                 max_provisions_per_s: float | None = None, max_substrates: int | None = None) -> None:
+        self.admit(max_provisions_per_s, max_substrates)
         from ..envserver import Environment  # lazy: serving needs it, importing this does not
         from ..hud_detect import is_hud_environment
 

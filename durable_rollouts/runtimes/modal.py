@@ -51,6 +51,8 @@ class ModalRuntime(DurableProvider):
         env_vars: extra sandbox environment (never task data).
         gpu_type: the GPU type requested when ``resources.gpu`` names none (a task's
             ``RuntimeGPU(type=...)`` wins; Modal takes one type, not a list of choices).
+        max_provisions_per_s, max_substrates: fleet-wide admission of new substrates, held
+            by Temporal across every worker of the task queue (``DurableProvider.admit``).
     """
 
     kind: ClassVar[str] = "modal"
@@ -67,7 +69,10 @@ class ModalRuntime(DurableProvider):
         runtime_config: RuntimeConfig | dict[str, Any] | None = None,
         env_vars: dict[str, str] | None = None,
         gpu_type: str = "any",
+        max_provisions_per_s: float | None = None,
+        max_substrates: int | None = None,
     ) -> None:
+        self.admit(max_provisions_per_s, max_substrates)
         self.image = image
         self.command = list(command) if command else None
         self.port = int(port)

@@ -86,6 +86,8 @@ class SSHRuntime(DurableProvider):
         known_hosts: a known_hosts file checking the host key (default: the user's
             ``~/.ssh/known_hosts``).
         env: the environment name inside the env file, when it defines several.
+        max_provisions_per_s, max_substrates: fleet-wide admission of new substrates, held
+            by Temporal across every worker of the task queue (``DurableProvider.admit``).
     """
 
     kind: ClassVar[str] = "ssh"
@@ -105,7 +107,10 @@ class SSHRuntime(DurableProvider):
         port: int = 22,
         known_hosts: str | None = None,
         env: str | None = None,
+        max_provisions_per_s: float | None = None,
+        max_substrates: int | None = None,
     ) -> None:
+        self.admit(max_provisions_per_s, max_substrates)
         self.host, self.user, self.key = host, user, str(key)
         self.python, self.workdir, self.port = python, str(workdir).rstrip("/") or ".", int(port)
         self.known_hosts, self.env = known_hosts, env

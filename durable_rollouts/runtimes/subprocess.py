@@ -60,6 +60,8 @@ class SubprocessRuntime(DurableProvider):
         ready_timeout: seconds to wait for the port announcement (``limits.startup_timeout_s``
             of a task overrides it).
         python: the interpreter that runs the server.
+        max_provisions_per_s, max_substrates: fleet-wide admission of new substrates, held
+            by Temporal across every worker of the task queue (``DurableProvider.admit``).
     """
 
     kind: ClassVar[str] = "subprocess"
@@ -67,7 +69,9 @@ class SubprocessRuntime(DurableProvider):
     honours: ClassVar[frozenset[str]] = frozenset({"limits.startup_timeout_s"})
 
     def __init__(self, path: str | Path | None = None, *, env_name: str | None = None,
-                 ready_timeout: float = 60.0, python: str = sys.executable) -> None:
+                 ready_timeout: float = 60.0, python: str = sys.executable,
+                 max_provisions_per_s: float | None = None, max_substrates: int | None = None) -> None:
+        self.admit(max_provisions_per_s, max_substrates)
         self.path = str(Path(path).resolve()) if path is not None else None
         self.env_name = env_name
         self.ready_timeout = ready_timeout

@@ -58,7 +58,7 @@ class SavedRollout:
         """Why this rollout cannot be re-graded, or None when it can."""
         if self.task is None:
             return "its task is not known"
-        if self.status in ("running", "pending", "cancelling"):
+        if self.status in ("running", "waiting", "pending", "cancelling"):
             return f"it has not finished ({self.status})"
         if self.trace_lost:
             return "its trace could not be read from storage"

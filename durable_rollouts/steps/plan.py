@@ -84,18 +84,19 @@ class Plan(Walk[Step]):
 
 
 def build_plan(*, verifier: bool, rollout_timeout_s: float | None, local_steps: bool,
-               agent_heartbeat_s: float = AGENT_HEARTBEAT_S) -> Plan:
+               agent_heartbeat_s: float = AGENT_HEARTBEAT_S, admitted: bool = False) -> Plan:
     """The plan of one rollout: the card's steps, and a verifier's when its task has one.
 
     ``local_steps``: the substrate is fast to place and tear down (in-process), so provision and
-    teardown may run locally too. ``agent_heartbeat_s``: the agent step's heartbeat timeout
+    teardown may run locally too, except provision under fleet-wide admission (``admitted``: its
+    start times must be the server's). ``agent_heartbeat_s``: the agent step's heartbeat timeout
     (temporalio sends one heartbeat per 80% of it, so a waiting agent costs the server one write
     per that much time).
     """
     agent_s = rollout_timeout_s + AGENT_TIMEOUT_SLACK_S if rollout_timeout_s else AGENT_NO_TIMEOUT_S
     fast, minute = local_steps, 60.0
     steps = [  # step, phase, start-to-close, attempts, heartbeat, local when reachable
-        Step("provision", "provisioning", 10 * minute, 5, 10.0, fast),
+        Step("provision", "provisioning", 10 * minute, 5, 10.0, fast and not admitted),
         Step("connect", "connecting", 2 * minute, 3, None, True),
         Step("start", "starting task", 2 * minute, 5, None, True),
         Step("agent", "agent loop", agent_s, 5, agent_heartbeat_s, False),

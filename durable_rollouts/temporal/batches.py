@@ -319,6 +319,7 @@ async def _start(taskset: Any, agent_spec: Any, provider_spec: Any, runtime: Any
         search_attributes=attrs_ok, retries=retries, on_error=on_error,  # type: ignore[arg-type]
         local_steps=getattr(runtime, "locality", "global") in ("process", "host"),
         ephemeral=bool(getattr(runtime, "ephemeral", False)),
+        admission=getattr(runtime, "admission", None),
         queue_timeout_s=settings().queue_timeout, agent_heartbeat_s=settings().agent_heartbeat,
         stream=stream, policy=policy, open_ended=open_ended,
         **({"max_history_events": max_history_events, "flush_results_over": 0}

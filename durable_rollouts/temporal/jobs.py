@@ -20,6 +20,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from temporalio.client import Client, WorkflowExecutionStatus
+from temporalio.common import SearchAttributeKey
 from temporalio.service import RPCError, RPCStatusCode
 
 from ..errors import ConfigError
@@ -29,6 +30,8 @@ from ..sdk.run import Run
 from ..stores.tracestore import TraceStore
 from ..workflows import TasksetRun, child_id, group_id, rollout_id, workflow_id
 from ..workflows.types import ResultsRef, RolloutInput, TasksetRunInput, TasksetRunResult
+
+KEY_STATUS = SearchAttributeKey.for_keyword("RolloutsStatus")
 
 __all__ = [
     "BatchView",
@@ -138,7 +141,7 @@ class BatchView:
     @property
     def results(self) -> list[RolloutResult]:
         """Compact results of the runs that have one (not running or pending)."""
-        return [r.to_result() for r in self.runs if r.status not in ("running", "pending")]
+        return [r.to_result() for r in self.runs if r.status not in ("running", "waiting", "pending")]
 
 
 @dataclass
@@ -224,7 +227,8 @@ async def _child_result(
             return None
         desc = max(descs, key=lambda d: d.start_time.timestamp() if d.start_time else 0.0)
         if desc.status == WorkflowExecutionStatus.RUNNING:
-            return "running"
+            # a rollout waiting for fleet-wide admission says so in RolloutsStatus
+            return "waiting" if desc.typed_search_attributes.get(KEY_STATUS) == "waiting" else "running"
         if desc.status == WorkflowExecutionStatus.COMPLETED:
             result = await client.get_workflow_handle(
                 desc.id, run_id=desc.run_id, result_type=RolloutResult
@@ -336,10 +340,10 @@ def _runs(job_id: str, inp: TasksetRunInput, rows: list[Task], closed: bool,
         value = by_id.pop(rid, None)
         if isinstance(value, RolloutResult):
             runs.append(run_from_result(value, task, job_id, store))
-        elif value == "running":
+        elif value in ("running", "waiting"):
             runs.append(
                 _placeholder(
-                    job_id, inp, task, row, gi, "cancelling" if closed else "running", None
+                    job_id, inp, task, row, gi, "cancelling" if closed else str(value), None
                 )
             )
         elif value is None:

@@ -9,7 +9,9 @@ search-attribute upserts its callers ask for. Deterministic: temporalio and the 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Awaitable, Callable
+from contextlib import AbstractAsyncContextManager
 from typing import Any
 
 from temporalio import workflow
@@ -98,17 +100,22 @@ def final_attributes(out: RolloutResult) -> list[SearchAttributeUpdate[Any]]:
 
 
 async def run_attempts(inp: RolloutInput, attempt: Callable[[int], Awaitable[RolloutResult]],
-                       last_phase: Callable[[], str]) -> RolloutResult:
+                       last_phase: Callable[[], str],
+                       admit: Callable[[int], AbstractAsyncContextManager[Any]] | None = None
+                       ) -> RolloutResult:
     """Run rollout attempts until one has a result: a gone substrate starts the next attempt (up
     to ``inp.max_attempts``), and every lost attempt's error is kept in the result. The rollout
     timeout bounds each attempt (a durable timer): on expiry the running step is cancelled,
-    teardown still runs, and the result is ``timeout`` in the phase ``last_phase()`` names."""
+    teardown still runs, and the result is ``timeout`` in the phase ``last_phase()`` names.
+    ``admit(number)``, when given, is held around each attempt, outside its timer (fleet-wide
+    admission: a wait for it is not the rollout's time)."""
     started = workflow.time()
     errors: list[str] = []
     lost_in = "provisioning"
     for number in range(1, inp.max_attempts + 1):
         try:
-            out = await asyncio.wait_for(attempt(number), inp.rollout_timeout_s)
+            async with admit(number) if admit is not None else contextlib.nullcontext():
+                out = await asyncio.wait_for(attempt(number), inp.rollout_timeout_s)
         except asyncio.TimeoutError:
             out = result(inp, "timeout", error=f"rollout timed out after {inp.rollout_timeout_s}s",
                          error_phase=last_phase())

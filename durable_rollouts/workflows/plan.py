@@ -87,7 +87,8 @@ def build_plan(inp: RolloutInput) -> RolloutPlan:
     """The plan of ``inp``'s rollout (``steps.plan.build_plan``) as activity options."""
     plan = card.build_plan(verifier=inp.task.verifier is not None,
                            rollout_timeout_s=inp.rollout_timeout_s, local_steps=inp.local_steps,
-                           agent_heartbeat_s=inp.agent_heartbeat_s)
+                           agent_heartbeat_s=inp.agent_heartbeat_s,
+                           admitted=inp.admission is not None)
     return RolloutPlan(tuple(StepOptions.of(s) for s in plan.steps), StepOptions.of(plan.teardown),
                        timedelta(seconds=inp.queue_timeout_s),
                        tuple(StepOptions.of(s) for s in plan.verifier))

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Awaitable
+from collections.abc import AsyncIterator, Awaitable
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
@@ -47,7 +47,9 @@ with workflow.unsafe.imports_passed_through():
         VerifierSession,
         VerifyInput,
     )
+    from durable_rollouts.admission import SIG_ADMITTED, AdmissionTicket
     from durable_rollouts.workflows import outcome
+    from durable_rollouts.workflows.admission import admitted
     from durable_rollouts.workflows.checkpoints import AgentTurns
     from durable_rollouts.workflows.failures import (
         STEP_FAILURES,
@@ -97,16 +99,23 @@ class _Attempt:
     agent: AgentResult | None = None
     grade: Grade | None = None
     queue_lost: bool = False
+    ticket: AdmissionTicket | None = None  # fleet-wide admission: this attempt's ticket
 
 
 class CardRollout(AgentTurns):
     """The card's steps, walked from the plan; the present shape of every new Rollout."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.granted: set[str] = set()  # admission tickets granted (the ``admitted`` signal)
+        self._ticket: AdmissionTicket | None = None
 
     def _patched(self, patch_id: str) -> bool:
         return True  # every patch of earlier releases is part of this shape
 
     async def run(self, inp: RolloutInput) -> RolloutResult:
         plan = build_plan(inp)
+        self._inp = inp
         self._queue = inp.task_queue  # from the input, not workflow.info(): replays run elsewhere
         if inp.search_attributes and not inp.status_at_start:
             workflow.upsert_search_attributes([KEY_STATUS.value_set("running")])
@@ -125,9 +134,29 @@ class CardRollout(AgentTurns):
 
         def attempt(number: int) -> Awaitable[RolloutResult]:
             self._attempt = number
-            return self._walk(_Attempt(inp, plan, number, base_key if number == 1 else f"{base_key}-a{number}"))
+            return self._walk(_Attempt(inp, plan, number, base_key if number == 1 else f"{base_key}-a{number}",
+                                       ticket=self._ticket))
 
-        return await outcome.run_attempts(inp, attempt, lambda: self._last_phase)
+        admit = self._admitted if inp.admission is not None else None
+        return await outcome.run_attempts(inp, attempt, lambda: self._last_phase, admit)
+
+    @contextlib.asynccontextmanager
+    async def _admitted(self, number: int) -> AsyncIterator[None]:
+        """Hold attempt ``number``'s admission ticket (``workflows.admission``)."""
+        self._attempt = number
+        async with admitted(self._inp, number, self.granted, self._waiting) as ticket:
+            self._ticket = ticket
+            try:
+                yield
+            finally:
+                self._ticket = None
+
+    def _waiting(self, waiting: bool) -> None:
+        """Show the wait for admission: the phase, and RolloutsStatus ``waiting`` meanwhile."""
+        if waiting:
+            self._phase = "waiting for admission"
+        if self._inp.search_attributes:
+            workflow.upsert_search_attributes([KEY_STATUS.value_set("waiting" if waiting else "running")])
 
     # -- one attempt: the walk ----------------------------------------------------------------
 
@@ -157,7 +186,8 @@ class CardRollout(AgentTurns):
                 await self._teardown(a)
 
     async def _provision(self, step: StepOptions, a: _Attempt) -> None:
-        inp = ProvisionInput(key=a.key, task=a.inp.task, provider=a.inp.provider)
+        inp = ProvisionInput(key=a.key, task=a.inp.task, provider=a.inp.provider,
+                             **({"admission": a.ticket} if a.ticket is not None else {}))
         a.endpoint = await self._call(step, inp, Endpoint, None, a.plan)
 
     async def _connect(self, step: StepOptions, a: _Attempt) -> None:
@@ -315,6 +345,12 @@ class Rollout:
     @workflow.query
     def phase(self) -> dict[str, Any]:
         return self._shape.phase()
+
+    @workflow.signal(name=SIG_ADMITTED)
+    def admitted(self, ticket: str) -> None:
+        """The admission workflow granted ``ticket`` (``workflows.admission``)."""
+        if isinstance(self._shape, CardRollout):
+            self._shape.granted.add(ticket)
 
     @workflow.update(name=UPD_CHECKPOINT)
     def checkpoint(self, checkpoint: Checkpoint) -> int:

@@ -369,7 +369,8 @@ class TasksetRun(StreamHandlers):
                              task_queue=inp.task_queue, queue_timeout_s=inp.queue_timeout_s,
                              agent_heartbeat_s=inp.agent_heartbeat_s,
                              search_attributes=inp.search_attributes, retry=retry, policy=self._policy,
-                             status_at_start=inp.search_attributes, layout=CARD_LAYOUT)
+                             status_at_start=inp.search_attributes, layout=CARD_LAYOUT,
+                             admission=inp.admission)
         attrs = None
         if inp.search_attributes:  # the child's status starts as running: one upsert less per child
             attrs = TypedSearchAttributes([SearchAttributePair(KEY_JOB_ID, inp.job_id),

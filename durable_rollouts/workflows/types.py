@@ -11,6 +11,7 @@ from typing import Literal
 
 from pydantic import Field
 
+from durable_rollouts.admission import Admission
 from durable_rollouts.workflows.stream import PolicyRef, StreamOptions, StreamState
 from durable_rollouts.steps.plan import AGENT_HEARTBEAT_S
 from durable_rollouts.models import (
@@ -25,7 +26,9 @@ from durable_rollouts.models import (
 )
 
 __all__ = [
+    "ACT_ADMIT",
     "ACT_AGENT",
+    "ACT_CLOSED_HOLDERS",
     "ACT_CONNECT",
     "ACT_GRADE",
     "ACT_CLOSE",
@@ -89,6 +92,9 @@ ACT_VERIFY_CLOSE = "rollouts.verify_close"
 ACT_TEARDOWN = "rollouts.teardown"
 # Answered by a worker's liveness queue (workflows.queue_probe): a busy queue is not a lost one.
 ACT_QUEUE_ALIVE = "rollouts.queue_alive"
+# Fleet-wide admission (``workflows.admission``): ask for a ticket; find holders that closed.
+ACT_ADMIT = "rollouts.admit"
+ACT_CLOSED_HOLDERS = "rollouts.admission_closed_holders"
 # Merged steps for fast local substrates (patch "merged-local-steps"): provision -> connect ->
 # start as one, and grade -> teardown as one where the substrate dies with its worker.
 ACT_OPEN = "rollouts.open"
@@ -205,6 +211,8 @@ class TasksetRunInput(_Model):
     stream: StreamOptions | None = None
     stream_state: StreamState | None = None
     policy: PolicyRef | None = None  # the policy new rollouts sample with (carried)
+    # The runtime's fleet-wide admission limits (None: provision as fast as slots allow).
+    admission: Admission | None = None
 
 
 class TasksetRunResult(_Model):
@@ -255,6 +263,9 @@ class RolloutInput(_Model):
     # The agent step's heartbeat timeout (an activity option: changing it is replay-safe).
     agent_heartbeat_s: float = Field(default=AGENT_HEARTBEAT_S, gt=0)
     policy: PolicyRef | None = None  # the trainer's policy this rollout samples with
+    # Fleet-wide admission (``workflows.admission``): each attempt holds a ticket from before
+    # provision until after teardown; None in every history recorded before it existed.
+    admission: Admission | None = None
     # The history shape the parent chose, kept in the child's start event (replay-safe like a
     # patch marker, at no cost): ``CARD_LAYOUT`` = the card's steps; 0-4 = earlier releases'
     # shapes, run by ``workflows.legacy`` (0: histories recorded before the field existed). A

@@ -53,6 +53,19 @@ def free_port() -> int:
             "group must be a positive integer",
         ),
         (
+            ["run", str(LETTERS), "--agent", "fixed", "--max-substrates", "0"],
+            "max_substrates=0: use a whole number of at least 1",
+        ),
+        (
+            ["run", str(LETTERS), "--agent", "fixed", "--max-provisions-per-s", "-1"],
+            "max_provisions_per_s=-1.0: use a number above 0",
+        ),
+        (
+            ["run", str(LETTERS), "--agent", "fixed", "--runtime", "tcp://127.0.0.1:9",
+             "--max-substrates", "2"],
+            "need a runtime that places substrates",
+        ),
+        (
             ["run", str(LETTERS), "--agent", "fixed", "--temporal", "not an address"],
             "is not HOST:PORT",
         ),
