@@ -90,6 +90,11 @@ class Settings(BaseModel):
         "ROLLOUTS_QUEUE_TIMEOUT", 30.0, "Seconds a rollout step may wait on its substrate's own "
         "(host or process) queue before that worker, and the substrate, count as gone and the "
         "rollout reprovisions on a live worker (set when a batch starts).", gt=0)
+    stream_page_size: int = _var(
+        "ROLLOUTS_STREAM_PAGE_SIZE", 128, "Groups per page of a streamed job: groups every "
+        "registered consumer acknowledged leave the batch's workflow state for `ROLLOUTS_STORAGE` "
+        "in pages of this many (set when a job starts; `Taskset.start(page_size=...)` overrides).",
+        ge=1)
     daytona_known_hosts: Path | None = _var(
         "ROLLOUTS_DAYTONA_KNOWN_HOSTS", None, "known_hosts file the Daytona SSH gateway's host "
         "key is checked against; unset, it is not checked (Daytona publishes none).")

@@ -43,6 +43,7 @@ from temporalio.worker import (
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
 
 from durable_rollouts.activities import Queues, RolloutActivities, TasksetActivities
+from durable_rollouts.activities.stream_pages import StreamPageActivities
 from durable_rollouts.activities.owner import OwnerInterceptor
 from durable_rollouts.errors import ConfigError
 from durable_rollouts.release import worker_identity
@@ -170,7 +171,7 @@ def worker_parts(queues: Queues, *, trace_store: TraceStore | None = None,
     rollout = RolloutActivities(queues, trace_store=trace_store)
     return WorkerParts(
         workflows=list(WORKFLOWS),
-        activities=[*rollout.all(), *TasksetActivities().all()],
+        activities=[*rollout.all(), *TasksetActivities().all(), *StreamPageActivities().all()],
         step_activities=rollout.all(),
         interceptors=[*interceptors, OwnerInterceptor(), _Board()],
     )
