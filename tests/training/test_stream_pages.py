@@ -1,0 +1,195 @@
+"""A long stream with a small page size, on a real dev server with real envs and real storage.
+
+Groups every registered consumer acknowledged leave the batch's workflow state in pages
+(``ROLLOUTS_STORAGE``); a consumer that registers after most groups were paged reads them from
+storage, in order, under the same cursor rules; each consumer applies every group exactly once
+(counted from its own log against the agent's log of every rollout run); the state the batch
+holds (its ``stream_kept`` query) and what each continue-as-new carries stay under a bound far
+below the job's length; every run's history replays. After the job closed, a consumer's
+acknowledgements are stored next to the pages: reading twice gives each group once in all.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from temporal_helpers import ENV_FILE, CountingAgent, async_wait_for, read_lines
+from temporalio.worker import Replayer
+
+from durable_rollouts.errors import ConfigError
+from durable_rollouts.models import Task
+from durable_rollouts.sdk.job import Job
+from durable_rollouts.sdk.providers import LocalRuntime
+from durable_rollouts.sdk.taskset import Taskset
+from durable_rollouts.settings import settings
+from durable_rollouts.temporal.codec import data_converter
+from durable_rollouts.temporal.stream_pages import StreamStore
+from durable_rollouts.workflows import Rollout, TasksetRun, workflow_id
+from durable_rollouts.workflows.stream_paging import KeptState
+
+HERE = Path(__file__).resolve().parent
+
+
+def _rows(n: int) -> Taskset:
+    return Taskset("paged", [Task(env="counting", id="echo", source=ENV_FILE,
+                                  args={"expected": "x", "tag": f"row{i}"}) for i in range(n)])
+
+
+def _consumer(address: str, job_id: str, name: str, log: Path, *extra: str) -> subprocess.Popen[str]:
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [str(HERE), str(HERE.parent / "temporal"), os.environ.get("PYTHONPATH", "")]))
+    return subprocess.Popen([sys.executable, str(HERE / "stream_consumer.py"), address, job_id, name,
+                             str(log), *extra], env=env, stdout=subprocess.PIPE, text=True,
+                            start_new_session=True)
+
+
+def _applied(log: Path) -> list[dict]:
+    return [json.loads(line) for line in read_lines(log)]
+
+
+def _check_exactly_once(log: Path, groups: int, ran: list[str]) -> None:
+    """The consumer's batches are contiguous from 0 to ``groups`` (one cursor, in order), hold
+    every group once, and their rollouts are exactly the ones the agent ran."""
+    batches = _applied(log)
+    spans = [tuple(int(x) for x in b["batch"].split(":")[1].split("-")) for b in batches]
+    assert spans[0][0] == 0 and spans[-1][1] == groups, spans
+    assert all(a[1] == b[0] for a, b in zip(spans, spans[1:])), spans
+    seen = [g for b in batches for g in b["groups"]]
+    assert len(seen) == len(set(seen)) == groups
+    assert sorted(r for b in batches for r in b["rollouts"]) == sorted(ran)
+
+
+def _stored_pages(job_id: str) -> list[Path]:
+    root = Path(settings().storage.removeprefix("file://")) if settings().storage else \
+        Path(os.environ["ROLLOUTS_HOME"]) / "storage"
+    return sorted((root / "named" / "streams" / job_id / "b0").glob("page-*.jsonl"))
+
+
+async def _carries(client, wid: str) -> list[int]:
+    """Bytes each continue-as-new carried (the input of every run after the first)."""
+    sizes = []
+    async for execution in client.list_workflows(f'WorkflowId="{wid}"'):
+        history = await client.get_workflow_handle(wid, run_id=execution.run_id).fetch_history()
+        first = history.events[0].workflow_execution_started_event_attributes
+        if first.continued_execution_run_id:
+            sizes.append(sum(p.ByteSize() for p in first.input.payloads))
+    return sizes
+
+
+async def _replay_every_run(client, wid: str) -> int:
+    replayer = Replayer(workflows=[TasksetRun, Rollout], data_converter=data_converter())
+    runs = 0
+    async for execution in client.list_workflows(f'WorkflowId="{wid}"'):
+        history = await client.get_workflow_handle(wid, run_id=execution.run_id).fetch_history()
+        await replayer.replay_workflow(history)
+        runs += 1
+    return runs
+
+
+GROUPS, PAGE, IN_FLIGHT = 80, 4, 6
+
+
+@pytest.mark.slow  # 160 rollouts, three continue-as-new, two consumer processes (~40 s)
+async def test_a_long_stream_keeps_bounded_state_and_a_late_consumer_reads_the_pages(
+        client, dev_server, task_queue, tmp_path: Path) -> None:
+    agents = tmp_path / "agents.log"
+    job = await _rows(GROUPS).start(
+        CountingAgent(answer="x", log=str(agents)), runtime=LocalRuntime(ENV_FILE), group=2,
+        max_concurrent=8, temporal=client, worker=True, task_queue=task_queue, linger_s=120,
+        consumers=["trainer"], max_in_flight=IN_FLIGHT, page_size=PAGE, max_history_events=400)
+    wid = workflow_id(job.id)
+    kept: list[KeptState] = []
+    polling = True
+
+    async def poll() -> None:
+        while polling:
+            try:
+                kept.append(await client.get_workflow_handle(wid).query(TasksetRun.stream_kept))
+            except Exception:  # noqa: BLE001 - between two runs (continue-as-new), or closed
+                pass
+            await asyncio.sleep(0.1)
+
+    poller = asyncio.ensure_future(poll())
+    trainer_log, late_log = tmp_path / "trainer.log", tmp_path / "late.log"
+    trainer = _consumer(dev_server.address, job.id, "trainer", trainer_log, "--batch-size", "2")
+    late = None
+    try:
+        await async_wait_for(lambda: sum(len(b["groups"]) for b in _applied(trainer_log)) >= GROUPS * 3 // 5,
+                             timeout=180, what="the trainer to apply most groups")
+        paged_when_late, late_at = kept[-1].base, len(kept)
+        late = _consumer(dev_server.address, job.id, "late", late_log, "--batch-size", "3")
+        loop = asyncio.get_running_loop()
+        for proc in (trainer, late):
+            out, _ = await asyncio.wait_for(loop.run_in_executor(None, proc.communicate, None), 240)
+            assert "DONE" in out, out
+        done = await asyncio.wait_for(job.wait(), 60)  # both consumers caught up: it closes
+    finally:
+        polling = False
+        for proc in (trainer, late):
+            if proc is not None and proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+        await poller
+    ran = [line.split()[1] for line in read_lines(agents)]
+    assert len(ran) == len(set(ran)) == 2 * GROUPS and len(done.runs) == 2 * GROUPS  # none ran twice
+    _check_exactly_once(trainer_log, GROUPS, ran)
+    _check_exactly_once(late_log, GROUPS, ran)
+    assert paged_when_late >= GROUPS // 2  # most groups were already out of the state
+    pages = _stored_pages(job.id)
+    assert len(pages) == GROUPS // PAGE  # written once each (by name), the last at close
+    # The bound while the trainer is the only consumer: what runs or waits for its ack
+    # (max_in_flight), a page not yet full, and one acknowledged page not yet written.
+    assert late_at > 10 and len(kept) > late_at
+    assert max(k.kept_groups for k in kept[:late_at]) <= IN_FLIGHT + 2 * PAGE, kept[:late_at]
+    # A late consumer holds what it has not acknowledged; it reads the paged groups from
+    # storage, so it soon lets the batch page again: never near the job's length.
+    assert max(k.kept_groups for k in kept) <= GROUPS // 2, [k.kept_groups for k in kept]
+    assert max(k.state_bytes for k in kept) < 64 * 1024
+    carries = await _carries(client, wid)
+    assert len(carries) >= 2 and max(carries) < 64 * 1024, carries  # it continued as new, small
+    assert await _replay_every_run(client, wid) == len(carries) + 1
+
+
+async def test_a_closed_jobs_acknowledgements_are_stored_and_each_group_comes_once(
+        client, task_queue, tmp_path: Path) -> None:
+    rows = 10
+    job = await _rows(rows).start(CountingAgent(answer="x"), runtime=LocalRuntime(ENV_FILE),
+                                  temporal=client, worker=True, task_queue=task_queue, page_size=3)
+    async for batch in job.stream(consumer="trainer", batch_size=4):
+        await batch.ack()
+    await asyncio.wait_for(job.wait(), 60)
+    manifest = await StreamStore(job.id).manifest()
+    assert manifest is not None and (manifest.delivered, manifest.pages) == (rows, 4)
+    assert manifest.cursors == {"trainer": rows}
+
+    seen: list[str] = []
+
+    async def read(consumer: str, stop_after: int | None = None) -> list[str]:
+        closed = await Job.attach(job.id, temporal=client, worker=False)  # nothing answers queries
+        got = []
+        async for batch in closed.stream(consumer=consumer, batch_size=4):
+            got += [r.group_id for r in batch.records]
+            await batch.ack()
+            if stop_after is not None and len(got) >= stop_after:
+                break
+        return got
+
+    seen += await read("c2", stop_after=4)
+    assert len(seen) == 4
+    seen += await read("c2")  # the rest, after a restart
+    assert await read("c2") == [] and await read("trainer") == []
+    assert len(seen) == len(set(seen)) == rows
+    assert await StreamStore(job.id).cursor("c2") == rows
+    again = await Job.attach(job.id, temporal=client, worker=False)
+    stream = again.stream(consumer="c3", batch_size=2)
+    first = await anext(stream)
+    with pytest.raises(ConfigError, match="unknown batch 4-6"):
+        await first.reader.ack(4, 6)
+    assert await first.ack() == 2 and await first.ack() == 2  # a repeat is harmless
+    await stream.aclose()
