@@ -5,8 +5,10 @@ Groups every registered consumer acknowledged leave the batch's workflow state i
 storage, in order, under the same cursor rules; each consumer applies every group exactly once
 (counted from its own log against the agent's log of every rollout run); the state the batch
 holds (its ``stream_kept`` query) and what each continue-as-new carries stay under a bound far
-below the job's length; every run's history replays. After the job closed, a consumer's
-acknowledgements are stored next to the pages: reading twice gives each group once in all.
+below the job's length; every run's history replays. The same holds with a trainer SIGKILLed
+between receiving a batch and acknowledging it (three times) and a worker SIGKILLed with rollouts
+in flight (twice). After the job closed, a consumer's acknowledgements are stored next to the
+pages: reading twice gives each group once in all.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import os
 import signal
 import subprocess
 import sys
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -193,3 +196,108 @@ async def test_a_closed_jobs_acknowledgements_are_stored_and_each_group_comes_on
         await first.reader.ack(4, 6)
     assert await first.ack() == 2 and await first.ack() == 2  # a repeat is harmless
     await stream.aclose()
+
+
+def _applied_groups(log: Path, acks: Path) -> tuple[list[tuple[int, int]], list[str], list[str]]:
+    """(spans, groups, rollouts) of the batches the consumer acknowledged, in order; a batch
+    received again after a kill must be the very same groups."""
+    received: dict[str, dict] = {}
+    for batch in _applied(log):
+        earlier = received.setdefault(batch["batch"], batch)
+        assert earlier["groups"] == batch["groups"], (earlier, batch)
+    ids = read_lines(acks)
+    spans = [tuple(int(x) for x in b.split(":")[1].split("-")) for b in ids]
+    groups = [g for b in ids for g in received[b]["groups"]]
+    rollouts = [r for b in ids for r in received[b]["rollouts"]]
+    return spans, groups, rollouts  # type: ignore[return-value]
+
+
+@pytest.mark.slow  # SIGKILLs a trainer three times and a worker twice (~1-2 min)
+async def test_paged_stream_survives_trainer_and_worker_kills_each_group_applied_once(
+        client, dev_server, task_queue, tmp_path: Path, monkeypatch) -> None:
+    from temporal_helpers import WorkerProcess
+
+    monkeypatch.setenv("ROLLOUTS_QUEUE_TIMEOUT", "3")  # a killed worker's substrates: gone soon
+    groups = 60
+    workers = [WorkerProcess(dev_server.address, task_queue)]
+    killed: list[int] = []
+    agents = tmp_path / "agents.log"
+    job = await _rows(groups).start(
+        CountingAgent(answer="x", seconds=0.2, log=str(agents)), runtime=LocalRuntime(ENV_FILE),
+        group=2, max_concurrent=8, temporal=client, worker=False, task_queue=task_queue,
+        linger_s=300, consumers=["trainer"], max_in_flight=IN_FLIGHT, page_size=PAGE,
+        max_history_events=400)
+    wid = workflow_id(job.id)
+    kept: list[KeptState] = []
+    polling = True
+
+    async def poll() -> None:
+        while polling:
+            try:
+                kept.append(await client.get_workflow_handle(wid).query(
+                    TasksetRun.stream_kept, rpc_timeout=timedelta(seconds=5)))
+            except Exception:  # noqa: BLE001 - between runs, a killed worker, or closed
+                pass
+            await asyncio.sleep(0.2)
+
+    def kill_worker() -> None:
+        killed.append(workers[-1].pid)
+        workers[-1].kill()
+        workers.append(WorkerProcess(dev_server.address, task_queue))
+
+    poller = asyncio.ensure_future(poll())
+    log, acks = tmp_path / "trainer.log", tmp_path / "trainer.acks"
+    late_log, late_acks = tmp_path / "late.log", tmp_path / "late.acks"
+    procs: list[subprocess.Popen[str]] = []
+    loop = asyncio.get_running_loop()
+
+    def consumer(name: str, out: Path, done: Path, *extra: str) -> subprocess.Popen[str]:
+        procs.append(_consumer(dev_server.address, job.id, name, out, "--acks", str(done), *extra))
+        return procs[-1]
+
+    try:
+        for kill in range(3):  # a trainer that dies between receiving its 3rd batch and its ack
+            proc = consumer("trainer", log, acks, "--batch-size", "2", "--hang-at", "3")
+            line = await asyncio.wait_for(loop.run_in_executor(None, proc.stdout.readline), 180)
+            assert line.strip() == "HANGING", line
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(10)
+            if kill < 2:
+                kill_worker()  # and a worker, with rollouts in flight, twice
+        trainer = consumer("trainer", log, acks, "--batch-size", "2")
+        await async_wait_for(lambda: len(read_lines(acks)) * 2 >= groups * 3 // 5, timeout=240,
+                             what="the trainer to apply most groups")
+        paged_when_late, late_at = kept[-1].base, len(kept)
+        late = consumer("late", late_log, late_acks, "--batch-size", "3")
+        for proc in (trainer, late):
+            out, _ = await asyncio.wait_for(loop.run_in_executor(None, proc.communicate, None), 240)
+            assert "DONE" in out, out
+        done = await asyncio.wait_for(job.wait(), 120)
+    finally:
+        polling = False
+        for proc in procs:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+        await poller
+        for worker in workers:
+            worker.stop()
+    final = sorted(r.rollout_id for r in done.runs)
+    assert len(final) == len(set(final)) == 2 * groups
+    for name, (out, done_file) in {"trainer": (log, acks), "late": (late_log, late_acks)}.items():
+        spans, applied, rollouts = _applied_groups(out, done_file)
+        assert spans[0][0] == 0 and spans[-1][1] == groups and \
+            all(a[1] == b[0] for a, b in zip(spans, spans[1:])), (name, spans)
+        assert len(applied) == len(set(applied)) == groups, name  # each group applied once
+        assert sorted(rollouts) == final, name
+    # Received three times before an ack and killed: the trainer got those batches again.
+    assert len(_applied(log)) == len(read_lines(acks)) + 3
+    # No rollout ran twice, except ones in flight on a killed worker.
+    runs = [line.split() for line in read_lines(agents)]
+    for rid in {r for _, r in runs}:
+        pids = [int(pid) for pid, r in runs if r == rid]
+        assert all(pid in killed for pid in pids[:-1]), (rid, pids, killed)
+    assert len(killed) == 2 and paged_when_late >= groups // 3
+    assert max(k.kept_groups for k in kept[:late_at]) <= IN_FLIGHT + 2 * PAGE, kept[:late_at]
+    assert max(k.kept_groups for k in kept) <= groups // 2
+    assert max(await _carries(client, wid)) < 64 * 1024
+    await _replay_every_run(client, wid)
