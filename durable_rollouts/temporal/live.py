@@ -40,7 +40,7 @@ from ..workflows.stream import (
 )
 from .batches import JobHandle, _client, _ensure_worker, start_job
 from .jobs import run_from_result
-from .stream_reader import StreamReader
+from .stream_reader import JobClosedError, StreamReader
 
 __all__ = ["JobClosedError", "LiveJob", "StreamBatch", "UpdateTimeoutError", "attach", "start_live"]
 
@@ -82,10 +82,6 @@ class StreamBatch:
             return int(await self.job._update("stream_ack", AckRequest(
                 consumer=self.consumer, start=self.start, end=self.end)))
         return await self.reader.ack(self.start, self.end)
-
-
-class JobClosedError(ConfigError):
-    """The job's batch workflow has closed: it takes no more acknowledgements or policies."""
 
 
 class UpdateTimeoutError(DurableRolloutsError, TimeoutError):

@@ -17,17 +17,14 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Any
 
 from ..errors import ConfigError
 from ..workflows.stream import AckRequest, FinishedGroup, StreamView, check_batch
 from ..workflows.stream_paging import StreamManifest
 from .stream_pages import StreamStore
 
-if TYPE_CHECKING:
-    from .live import LiveJob
-
-__all__ = ["Chunk", "StreamReader"]
+__all__ = ["Chunk", "JobClosedError", "StreamReader"]
 
 MANIFEST_WAIT_S = 120.0  # how long a closing batch may take to write its manifest
 
@@ -43,10 +40,15 @@ class Chunk:
     delivered: int = 0  # groups delivered so far
 
 
-class StreamReader:
-    """``consumer``'s stream of ``job``: register, read, ack; open or closed alike."""
+class JobClosedError(ConfigError):
+    """The job's batch workflow has closed (or is closing): it takes no more acknowledgements
+    or policies (a consumer's acknowledgements then go to storage)."""
 
-    def __init__(self, job: LiveJob, consumer: str) -> None:
+
+class StreamReader:
+    """``consumer``'s stream of ``job`` (a ``LiveJob``): register, read, ack; open or closed alike."""
+
+    def __init__(self, job: Any, consumer: str) -> None:
         self.job, self.consumer = job, consumer
         self.store = StreamStore(job.id, job.handle.batch_index)
         self.closed = False
@@ -56,8 +58,6 @@ class StreamReader:
 
     async def register(self) -> int:
         """Register the consumer (the batch keeps its groups for it); returns its cursor."""
-        from .live import JobClosedError
-
         try:
             return int(await self.job._update("stream_register", self.consumer))
         except JobClosedError:
@@ -113,8 +113,6 @@ class StreamReader:
 
     async def ack(self, start: int, end: int) -> int:
         """Acknowledge ``[start, end)``; returns the consumer's cursor."""
-        from .live import JobClosedError
-
         req = AckRequest(consumer=self.consumer, start=start, end=end)
         if not self.closed:
             try:

@@ -25,10 +25,10 @@ from durable_rollouts.models import ERROR_STATUSES, RolloutResult, StrictModel
 
 __all__ = [
     "CONSUMER_NAME",
+    "SEALED",
     "AckRequest",
     "FinishedGroup",
     "PolicyRef",
-    "SEALED",
     "StreamOptions",
     "StreamRequest",
     "StreamState",

@@ -14,6 +14,7 @@ pages: reading twice gives each group once in all.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import os
 import signal
@@ -63,7 +64,7 @@ def _check_exactly_once(log: Path, groups: int, ran: list[str]) -> None:
     batches = _applied(log)
     spans = [tuple(int(x) for x in b["batch"].split(":")[1].split("-")) for b in batches]
     assert spans[0][0] == 0 and spans[-1][1] == groups, spans
-    assert all(a[1] == b[0] for a, b in zip(spans, spans[1:])), spans
+    assert all(a[1] == b[0] for a, b in itertools.pairwise(spans)), spans
     seen = [g for b in batches for g in b["groups"]]
     assert len(seen) == len(set(seen)) == groups
     assert sorted(r for b in batches for r in b["rollouts"]) == sorted(ran)
@@ -286,7 +287,7 @@ async def test_paged_stream_survives_trainer_and_worker_kills_each_group_applied
     for name, (out, done_file) in {"trainer": (log, acks), "late": (late_log, late_acks)}.items():
         spans, applied, rollouts = _applied_groups(out, done_file)
         assert spans[0][0] == 0 and spans[-1][1] == groups and \
-            all(a[1] == b[0] for a, b in zip(spans, spans[1:])), (name, spans)
+            all(a[1] == b[0] for a, b in itertools.pairwise(spans)), (name, spans)
         assert len(applied) == len(set(applied)) == groups, name  # each group applied once
         assert sorted(rollouts) == final, name
     # Received three times before an ack and killed: the trainer got those batches again.
