@@ -225,7 +225,9 @@ class Taskset:
         policy versions behind is not delivered (re-sampled: ``on_stale="resample"``, default,
         or dropped). ``on_error="drop_sample"`` keeps a group without its failed members.
         More keyword arguments as for :meth:`run` and ``on_stale``, ``linger_s`` (how long the
-        finished batch stays open for consumers that lag), ``policy_version``, ``worker``.
+        finished batch stays open for consumers that lag), ``policy_version``, ``worker``,
+        ``page_size`` (groups every registered consumer acknowledged leave the batch's state in
+        pages of this many, to ``ROLLOUTS_STORAGE``; default ``ROLLOUTS_STREAM_PAGE_SIZE``).
         """
         start_live = importlib.import_module(LIVE_JOBS).start_live
         return await start_live(
