@@ -17,6 +17,7 @@ from datetime import timedelta
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy
+from temporalio.exceptions import ActivityError
 
 with workflow.unsafe.imports_passed_through():
     from durable_rollouts.workflows.ids import group_id
@@ -111,19 +112,26 @@ class StreamHandlers:
         self._paging = (stream is not None and stream.options.page_size is not None
                         and workflow.patched(PATCH_PAGES))
 
-    async def _page_out(self, inp: TasksetRunInput, final: bool = False) -> None:
+    async def _page_out(self, inp: TasksetRunInput, final: bool = False) -> bool:
         """Write every full page every registered consumer acknowledged (``final``: every kept
-        group) to storage, then drop those groups from the state."""
+        group) to storage, then drop those groups from the state. False when the store failed
+        (the groups stay in the state: the next call tries again; the batch goes on)."""
         stream = self._stream
         if not self._paging or stream is None:
-            return
+            return False
         while (groups := stream.next_page(final)) is not None:
-            await workflow.execute_activity(
-                ACT_STREAM_PAGE, StreamPageInput(job_id=inp.job_id, batch_index=inp.batch_index,
-                                                 page=stream.pages, groups=groups),
-                result_type=int, start_to_close_timeout=timedelta(minutes=2),
-                retry_policy=RetryPolicy(maximum_attempts=20))
+            try:
+                await workflow.execute_activity(
+                    ACT_STREAM_PAGE, StreamPageInput(job_id=inp.job_id, batch_index=inp.batch_index,
+                                                     page=stream.pages, groups=groups),
+                    result_type=int, start_to_close_timeout=timedelta(minutes=2),
+                    retry_policy=RetryPolicy(maximum_attempts=10, maximum_interval=timedelta(seconds=30)))
+            except ActivityError as err:
+                workflow.logger.warning("batch %s: stream page %d not stored (%s); kept in state",
+                                        inp.job_id, stream.pages, err.cause or err)
+                return False
             stream.paged(len(groups))
+        return True
 
     async def _seal(self, inp: TasksetRunInput) -> None:
         """The batch is closing: refuse further acks (they go to storage), write the kept groups
@@ -133,14 +141,20 @@ class StreamHandlers:
             return
         stream.sealed = True
         await workflow.wait_condition(workflow.all_handlers_finished)
-        await self._page_out(inp, final=True)
+        if not await self._page_out(inp, final=True):
+            return  # no manifest: readers of the closed job query it (its state kept the rest)
         manifest = StreamManifest(job_id=inp.job_id, batch_index=inp.batch_index,
                                   page_size=stream.options.page_size, delivered=stream.total(),
                                   cursors=dict(stream.cursors), counts=dict(stream.counts),
                                   policy=self._policy)
-        await workflow.execute_activity(
-            ACT_STREAM_MANIFEST, StreamManifestInput(manifest=manifest),
-            start_to_close_timeout=timedelta(minutes=2), retry_policy=RetryPolicy(maximum_attempts=20))
+        try:
+            await workflow.execute_activity(
+                ACT_STREAM_MANIFEST, StreamManifestInput(manifest=manifest),
+                start_to_close_timeout=timedelta(minutes=2),
+                retry_policy=RetryPolicy(maximum_attempts=10, maximum_interval=timedelta(seconds=30)))
+        except ActivityError as err:
+            workflow.logger.warning("batch %s: stream manifest not stored (%s)", inp.job_id,
+                                    err.cause or err)
 
     @workflow.query(name="stream_kept")
     def stream_kept(self) -> KeptState:
