@@ -302,3 +302,16 @@ async def test_paged_stream_survives_trainer_and_worker_kills_each_group_applied
     assert max(k.kept_groups for k in kept) <= groups // 2
     assert max(await _carries(client, wid)) < 64 * 1024
     await _replay_every_run(client, wid)
+
+
+async def test_streamed_batch_histories_of_an_earlier_release_replay() -> None:
+    """Histories recorded before stream pages existed (c39e162) replay on the current code."""
+    from temporalio.client import WorkflowHistory
+
+    replayer = Replayer(workflows=[TasksetRun, Rollout], data_converter=data_converter())
+    files = sorted((HERE / "histories").glob("TasksetRun-stream-*.json"))
+    assert len(files) == 2
+    for path in files:
+        result = await replayer.replay_workflow(WorkflowHistory.from_json("stream", path.read_text()),
+                                                raise_on_replay_failure=False)
+        assert result.replay_failure is None, (path.name, result.replay_failure)
