@@ -12,6 +12,15 @@ subprocess consumer (fsync per batch). The run goes again at the end (a shared b
 each stream is compared with the mean of both: ``stream b=B / run throughput ratio R``.
 
     python benchmarks/bench_stream.py --n 10000 --group 4 --concurrency 256 --batch-sizes 1,8 [--cli]
+
+``--long`` is the long-job mode (issue 39): the consumer runs in its own process
+(``_stream_consumer.py``) and each stream phase also reports peak RSS of this process (the
+worker) and of the server when 10%, 50% and 100% of the groups were delivered, the most groups
+the batch kept in its state (its ``stream_kept`` query, sampled) and the largest
+continue-as-new carry (the input of every run after the first, from the batch's history):
+with pages (``--page-size``) neither grows with the job's length.
+
+    python benchmarks/bench_stream.py --long --n 100000 --group 4 --batch-sizes 1,8 [--page-size 128]
 """
 
 from __future__ import annotations
@@ -141,6 +150,68 @@ async def cli_phase(taskset, agent, runtime, group: int, concurrency: int, batch
     assert phase.groups == len(taskset), phase.groups
 
 
+@dataclass
+class Long:
+    """What a ``--long`` stream phase measured beyond its Phase."""
+
+    rss_at: dict[int, tuple[float, float]] = field(default_factory=dict)  # % -> (worker, server) MiB
+    kept_max: int = 0
+    state_max: int = 0
+    carries: list[int] = field(default_factory=list)
+
+
+async def long_phase(taskset, agent, runtime, group: int, concurrency: int, batch_size: int,
+                     phase: Phase, page_size: int, address: str, long: Long) -> None:
+    """A stream consumed by ``_stream_consumer.py`` in its own process, sampled as it goes."""
+    from durable_rollouts.workflows import TasksetRun, workflow_id
+
+    total = len(taskset)
+    with phase:
+        job = await taskset.start(agent, runtime=runtime, group=group, max_concurrent=concurrency,
+                                  consumers=[CONSUMER], linger_s=600, page_size=page_size)
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, str(Path(__file__).parent / "_stream_consumer.py"), address, job.id,
+            CONSUMER, str(batch_size), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        handle = job.client.get_workflow_handle(workflow_id(job.id))
+        marks = [10, 50]
+        out = asyncio.ensure_future(proc.communicate())
+        while not out.done():
+            try:
+                kept = await handle.query(TasksetRun.stream_kept)
+            except Exception:  # noqa: BLE001 - between two runs, or closed
+                await asyncio.sleep(0.5)
+                continue
+            long.kept_max = max(long.kept_max, kept.kept_groups)
+            long.state_max = max(long.state_max, kept.state_bytes)
+            delivered = kept.base + kept.kept_groups
+            while marks and delivered * 100 >= marks[0] * total:
+                long.rss_at[marks.pop(0)] = (_peak_mb(phase.me.pid), _peak_mb(phase.server.pid))
+            await asyncio.wait({out}, timeout=1.0)
+        stdout, err = out.result()
+        phase.stop()
+        long.rss_at[100] = (phase.rss_mb, phase.server_rss_mb)
+        assert proc.returncode == 0, err.decode()[-2000:]
+        seen = json.loads(stdout.decode().splitlines()[-1])
+        phase.groups, phase.lags, phase.acks = seen["groups"], seen["lags"], seen["acks"]
+        phase.fetches = [0.0]
+        await job.wait()
+    wid = workflow_id(job.id)
+    async for execution in job.client.list_workflows(f'WorkflowId="{wid}"'):
+        history = await job.client.get_workflow_handle(wid, run_id=execution.run_id).fetch_history()
+        started = history.events[0].workflow_execution_started_event_attributes
+        if started.continued_execution_run_id:
+            long.carries.append(sum(p.ByteSize() for p in started.input.payloads))
+    assert phase.groups == total, (phase.groups, total)
+
+
+def report_long(name: str, long: Long) -> None:
+    rss = ", ".join(f"{pct}%: {w:.0f} / {s:.0f}" for pct, (w, s) in sorted(long.rss_at.items()))
+    carry = max(long.carries, default=0)
+    print(f"{'':<22} peak RSS worker / server MiB at {rss}; kept at most {long.kept_max} groups "
+          f"({long.state_max / 1024:.0f} KiB of stream state); {len(long.carries)} continue-as-new, "
+          f"largest carry {carry / 1024:.0f} KiB", flush=True)
+
+
 def report(name: str, phase: Phase, rollouts: int) -> None:
     print(f"{name:<22} {phase.wall:7.1f} s  {phase.groups / phase.wall:6.1f} groups/s "
           f"({rollouts / phase.wall:5.1f} rollouts/s)  CPU this process {phase.cpu:6.1f} s, "
@@ -182,10 +253,18 @@ async def main(args: argparse.Namespace) -> None:
     await run_phase(taskset, agent, runtime, args.group, args.concurrency, base)
     report("run (no consumer)", base, total)
     streams: list[tuple[str, Phase]] = []
+    port = json.loads((rollouts_home() / "temporal.json").read_text())["port"]
     for size in args.batch_sizes:
         phase = Phase(me, server)
-        await stream_phase(taskset, agent, runtime, args.group, args.concurrency, size, phase)
-        report(f"stream b={size}", phase, total)
+        if args.long:
+            long = Long()
+            await long_phase(taskset, agent, runtime, args.group, args.concurrency, size, phase,
+                             args.page_size, f"127.0.0.1:{port}", long)
+            report(f"stream b={size} (own process)", phase, total)
+            report_long(f"stream b={size}", long)
+        else:
+            await stream_phase(taskset, agent, runtime, args.group, args.concurrency, size, phase)
+            report(f"stream b={size}", phase, total)
         streams.append((f"stream b={size}", phase))
     if args.cli:
         size = args.batch_sizes[-1]
@@ -213,6 +292,11 @@ if __name__ == "__main__":
                         default=[1, 8], help="comma-separated stream batch sizes")
     parser.add_argument("--cli", action="store_true",
                         help="also consume with `rollouts stream -o FILE` (the last batch size)")
+    parser.add_argument("--long", action="store_true",
+                        help="consumer in its own process; RSS at 10/50/100%%, kept state, carries")
+    parser.add_argument("--page-size", type=int, default=128, help="stream page size (--long)")
     args = parser.parse_args()
+    if args.page_size < 1:
+        parser.error("--page-size: use a whole number of groups >= 1")
     with private_home():
         asyncio.run(main(args))

@@ -97,6 +97,11 @@ class Settings(BaseModel):
         "ROLLOUTS_AGENT_HEARTBEAT", 20.0, "Heartbeat timeout in seconds of the agent step: a dead "
         "worker's agent step is retried on a live one within it. Each waiting agent costs one "
         "heartbeat per 80% of it (set when a batch starts).", gt=0)
+    stream_page_size: int = _var(
+        "ROLLOUTS_STREAM_PAGE_SIZE", 128, "Groups per page of a streamed job: groups every "
+        "registered consumer acknowledged leave the batch's workflow state for `ROLLOUTS_STORAGE` "
+        "in pages of this many (set when a job starts; `Taskset.start(page_size=...)` overrides).",
+        ge=1)
     daytona_known_hosts: Path | None = _var(
         "ROLLOUTS_DAYTONA_KNOWN_HOSTS", None, "known_hosts file the Daytona SSH gateway's host "
         "key is checked against; unset, it is not checked (Daytona publishes none).")

@@ -47,6 +47,7 @@ from durable_rollouts.activities import Queues, RolloutActivities, TasksetActivi
 from durable_rollouts.activities.liveness import LIVENESS_SLOTS, queue_alive
 from durable_rollouts.capacity import DEFAULT_SLOTS, check_capacity, register_slots, slots_for
 from durable_rollouts.activities.admission import AdmissionActivities
+from durable_rollouts.activities.stream_pages import StreamPageActivities
 from durable_rollouts.activities.owner import OwnerInterceptor
 from durable_rollouts.errors import ConfigError
 from durable_rollouts.release import worker_identity
@@ -55,6 +56,7 @@ from durable_rollouts.stores.tracestore import TraceStore
 from durable_rollouts.settings import WORKER_READY, Settings, settings, var
 from durable_rollouts.temporal.eviction import evict_cached
 from durable_rollouts.temporal.storage import storage_url
+from durable_rollouts.temporal.stream_pages import StreamStore
 from durable_rollouts.workflows import Rollout, TasksetRun
 from durable_rollouts.workflows.queue_probe import alive_queue
 from durable_rollouts.workflows.admission import AdmissionWorkflow
@@ -185,7 +187,8 @@ def worker_parts(queues: Queues, *, trace_store: TraceStore | None = None,
     rollout = RolloutActivities(queues, trace_store=trace_store)
     return WorkerParts(
         workflows=list(WORKFLOWS),
-        activities=[*rollout.all(), *TasksetActivities().all(), *AdmissionActivities().all()],
+        activities=[*rollout.all(), *TasksetActivities().all(), *AdmissionActivities().all(),
+                    *StreamPageActivities(StreamStore).all()],
         step_activities=rollout.all(),
         interceptors=[*interceptors, OwnerInterceptor(), _Board()],
     )

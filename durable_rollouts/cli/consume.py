@@ -160,10 +160,12 @@ def _check(args: StreamArgs) -> str:
 
 
 async def _attach(args: StreamArgs, *, for_reading: bool) -> Any:
-    """The LiveJob of ``args.job`` (``job-<id>`` works too). A job that has closed gets an
-    in-process worker when reading (unless ``--no-worker``): only a worker answers its queries."""
+    """The LiveJob of ``args.job`` (``job-<id>`` works too). A job that has closed without
+    leaving its stream in storage (an earlier release's) gets an in-process worker when reading
+    (unless ``--no-worker``): only a worker answers its queries."""
     from durable_rollouts.temporal.jobs import connect, describe, workflow_ids
     from durable_rollouts.temporal.live import attach
+    from durable_rollouts.temporal.stream_pages import StreamStore
 
     client = await connect(args.temporal, args.connect_timeout)
     for job_id in workflow_ids(args.job):
@@ -172,7 +174,8 @@ async def _attach(args: StreamArgs, *, for_reading: bool) -> Any:
             continue
         worker = args.worker
         if worker is None:
-            worker = for_reading and desc.close_time is not None
+            worker = (for_reading and desc.close_time is not None
+                      and await StreamStore(job_id).manifest() is None)
         return await attach(job_id, temporal=client, worker=worker)
     raise ConfigError(f"no job with id {args.job!r} (list recent jobs with `rollouts jobs`)")
 
@@ -201,7 +204,6 @@ async def stream_job(args: StreamArgs, err: Console) -> int:
     sink = StdoutSink() if args.output == "-" else FileSink(Path(args.output), job.id)
     stop = stop_event()
     groups = written = 0
-    unrecorded = False
     try:
         stream = job.stream(consumer=consumer, batch_size=args.batch_size)
         async with contextlib.aclosing(_until(stream, stop)) as batches:
@@ -216,18 +218,16 @@ async def stream_job(args: StreamArgs, err: Console) -> int:
                                        f"{consumer!r} gets it again next time") from None
                 await batch.ack()
                 groups += len(lines)
-                unrecorded = unrecorded or not batch.recorded
     finally:
         sink.close()
         await job.release()
     skipped = f", {groups - written} already in {sink.where}" if written < groups else ""
-    note = (" (the job has closed: these acknowledgements were not recorded)" if unrecorded else "")
     if stop.is_set():
-        err.print(f"stopped: consumer {consumer!r} acknowledged {groups} group(s){skipped}{note}; "
+        err.print(f"stopped: consumer {consumer!r} acknowledged {groups} group(s){skipped}; "
                   "the rest is delivered to it next time", highlight=False, soft_wrap=True)
         return INTERRUPTED
     err.print(f"job {job.id}: stream ended; consumer {consumer!r} acknowledged {groups} "
-              f"group(s){skipped}{note}", highlight=False, soft_wrap=True)
+              f"group(s){skipped}", highlight=False, soft_wrap=True)
     return 0
 
 

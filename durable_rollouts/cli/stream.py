@@ -17,7 +17,7 @@ app = typer.Typer()  # merged into the ``rollouts`` app (cli/__init__.py)
 
 _HELP = """Print the finished groups of JOB (a job started with `run --detach --stream` or Taskset.start) as one JSON line per group, in completion order, and acknowledge each batch once its lines are written (flushed; fsynced for a file). Ends with exit code 0 when the job delivers no more groups.
 
-Acknowledgements are durable and per consumer: run it again with the same --consumer and it prints only what that consumer has not acknowledged. A batch that was printed but not acknowledged (Ctrl-C, SIGTERM, a kill, a closed pipe) is delivered again next time, so a line on stdout may repeat after a restart; with -o FILE, groups already in FILE are acknowledged without being written twice. Ctrl-C / SIGTERM stop after the batch in hand is acknowledged (exit 130).
+Acknowledgements are durable and per consumer, also after the job has closed (they are then stored next to its stream's pages): run it again with the same --consumer and it prints only what that consumer has not acknowledged. A batch that was printed but not acknowledged (Ctrl-C, SIGTERM, a kill, a closed pipe) is delivered again next time, so a line on stdout may repeat after a restart; with -o FILE, groups already in FILE are acknowledged without being written twice. Ctrl-C / SIGTERM stop after the batch in hand is acknowledged (exit 130).
 
 Each line: job_id, batch, seq, group_id, row, slug, size (the members kept: normalise advantages over it), dropped_samples, policy_version, and rollouts: rollout_id, group_index, status, reward (null unless succeeded), policy_version, error and answer; --traces adds each rollout's whole trace.
 
@@ -60,8 +60,8 @@ def stream(
         bool | None,
         typer.Option(
             "--worker/--no-worker",
-            help="run a worker in this process (default: only for a job that has closed, "
-            "to answer the stream's queries)",
+            help="run a worker in this process (default: only for a job an earlier release "
+            "closed, whose stream is not in storage, to answer the stream's queries)",
         ),
     ] = None,
     connect_timeout: ConnectTimeoutOption = 5.0,

@@ -245,7 +245,9 @@ class Taskset:
         or dropped). ``on_error="drop_sample"`` keeps a group without its failed members.
         More keyword arguments as for :meth:`run` and ``on_stale``, ``linger_s`` (how long the
         finished batch stays open for consumers that lag), ``policy_version``, ``worker``,
-        ``epochs`` and ``seed`` (the rows N times, each epoch in its own order from the seed).
+        ``epochs`` and ``seed`` (the rows N times, each epoch in its own order from the seed),
+        ``page_size`` (groups every registered consumer acknowledged leave the batch's state in
+        pages of this many, to ``ROLLOUTS_STORAGE``; default ``ROLLOUTS_STREAM_PAGE_SIZE``).
         """
         start_live = importlib.import_module(LIVE_JOBS).start_live
         runtime = resolve_placement(runtime, self)

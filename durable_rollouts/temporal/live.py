@@ -23,11 +23,13 @@ from temporalio.client import Client, WorkflowExecutionStatus, WorkflowHandle, W
 from temporalio.service import RPCError
 
 from ..errors import ConfigError, DurableRolloutsError
+from ..settings import settings
 from ..sdk.job import Job
 from ..sdk.run import Run
 from ..stores.tracestore import TraceStore
 from ..workflows import TasksetRun, TasksetRunInput, TasksetRunResult, workflow_id
 from ..workflows.stream import (
+    SEALED,
     AckRequest,
     FinishedGroup,
     PolicyRef,
@@ -38,6 +40,7 @@ from ..workflows.stream import (
 )
 from .batches import JobHandle, _client, _ensure_worker, start_job
 from .jobs import run_from_result
+from .stream_reader import JobClosedError, StreamReader
 
 __all__ = ["JobClosedError", "LiveJob", "StreamBatch", "UpdateTimeoutError", "attach", "start_live"]
 
@@ -59,7 +62,8 @@ class StreamBatch:
     end: int
     records: list[FinishedGroup]
     groups: list[list[Run]] = field(default_factory=list)
-    recorded: bool = True  # False once the job has closed: acknowledgements are no longer kept
+    recorded: bool = True  # acknowledgements are recorded (in storage once the job has closed)
+    reader: StreamReader | None = None
 
     @property
     def id(self) -> str:
@@ -72,16 +76,12 @@ class StreamBatch:
     async def ack(self) -> int:
         """Acknowledge these groups (durable when it returns); returns the consumer's cursor.
 
-        On a job that has closed (its consumers caught up, or it lingered out) there is nothing
-        left to record an acknowledgement in: it returns the batch's end and records nothing."""
-        if not self.recorded:
-            return self.end
-        return int(await self.job._update("stream_ack", AckRequest(
-            consumer=self.consumer, start=self.start, end=self.end)))
-
-
-class JobClosedError(ConfigError):
-    """The job's batch workflow has closed: it takes no more acknowledgements or policies."""
+        On a job that has closed (its consumers caught up, or it lingered out) the
+        acknowledgement is stored next to the stream's pages, under the same rules."""
+        if self.reader is None:
+            return int(await self.job._update("stream_ack", AckRequest(
+                consumer=self.consumer, start=self.start, end=self.end)))
+        return await self.reader.ack(self.start, self.end)
 
 
 class UpdateTimeoutError(DurableRolloutsError, TimeoutError):
@@ -115,7 +115,10 @@ class LiveJob(Job):
                 return await self._workflow.execute_update(name, arg)
             except WorkflowUpdateFailedError as exc:
                 cause = exc.cause
-                raise ConfigError(str(getattr(cause, "message", None) or cause or exc)) from exc
+                message = str(getattr(cause, "message", None) or cause or exc)
+                if SEALED in message:  # the batch is closing: storage takes it from here
+                    raise JobClosedError(f"job {self.id} is closing: {message}") from exc
+                raise ConfigError(message) from exc
             except RPCError as exc:
                 if not await self._running():
                     raise JobClosedError(f"job {self.id} has closed: {exc.message}") from exc
@@ -150,20 +153,26 @@ class LiveJob(Job):
             raise ConfigError(str(exc)) from None
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or not 1 <= batch_size <= 1000:
             raise ConfigError(f"batch_size={batch_size!r}: use a whole number from 1 to 1000")
-        try:
-            start, recorded = int(await self._update("stream_register", consumer)), True
-        except JobClosedError:  # read what is left; acknowledgements can no longer be recorded
-            start, recorded = (await self.view(consumer, 0, 1)).cursor, False
+        reader = StreamReader(self, consumer)
+        start = await reader.register()
         while True:
-            view = await self.view(consumer, start, batch_size)
-            full = min(batch_size, view.max_in_flight or batch_size)
-            if view.groups and (len(view.groups) >= full or view.done):
-                batch = StreamBatch(self, consumer, view.start, view.start + len(view.groups), view.groups,
-                                    recorded=recorded)
-                batch.groups = [await self._runs(g) for g in view.groups]
+            try:
+                chunk = await reader.read(start, batch_size)
+            except RPCError:
+                if await self._running():
+                    raise
+                await reader._close()  # closed between two reads: the rest is in storage
+                continue
+            full = min(batch_size, chunk.max_in_flight or batch_size)
+            if chunk.groups and (len(chunk.groups) >= full or chunk.done):
+                batch = StreamBatch(self, consumer, chunk.start, chunk.start + len(chunk.groups),
+                                    chunk.groups, reader=reader)
+                batch.groups = [await self._runs(g) for g in chunk.groups]
                 start = batch.end
                 yield batch
-            elif view.done:
+                if chunk.done and start >= chunk.delivered:
+                    return  # the last group: the batch may close once it is acknowledged
+            elif chunk.done:
                 return
             else:
                 await asyncio.sleep(poll_s)
@@ -198,8 +207,14 @@ class LiveJob(Job):
 
 
 def stream_options(max_in_flight: int | None, max_staleness: int | None, on_stale: str,
-                   linger_s: float, consumers: list[str] | tuple[str, ...] = ()) -> StreamOptions:
-    """Validated stream options (ConfigError for bad input)."""
+                   linger_s: float, consumers: list[str] | tuple[str, ...] = (),
+                   page_size: int | None = None) -> StreamOptions:
+    """Validated stream options (ConfigError for bad input); ``page_size`` None: the
+    ``ROLLOUTS_STREAM_PAGE_SIZE`` setting."""
+    if page_size is None:
+        page_size = settings().stream_page_size
+    if isinstance(page_size, bool) or not isinstance(page_size, int) or page_size < 1:
+        raise ConfigError(f"page_size={page_size!r}: use a whole number of groups >= 1")
     if max_in_flight is not None and (isinstance(max_in_flight, bool) or not isinstance(max_in_flight, int)
                                       or max_in_flight < 1):
         raise ConfigError(f"max_in_flight={max_in_flight!r}: use a whole number >= 1 (or None)")
@@ -216,19 +231,23 @@ def stream_options(max_in_flight: int | None, max_staleness: int | None, on_stal
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
     return StreamOptions(max_in_flight=max_in_flight, max_staleness=max_staleness, on_stale=on_stale,
-                         linger_s=linger_s, consumers=list(dict.fromkeys(consumers)))  # type: ignore[arg-type]
+                         linger_s=linger_s, consumers=list(dict.fromkeys(consumers)),  # type: ignore[arg-type]
+                         page_size=page_size)
 
 
 async def start_live(taskset: Any, agent: Any, *, runtime: Any, max_in_flight: int | None = None,
                      max_staleness: int | None = None, on_stale: str = "resample",
                      linger_s: float = 3600.0, policy_version: int | None = None,
                      policy_endpoint: str | None = None, temporal: Any = None,
-                     consumers: list[str] | tuple[str, ...] = ("trainer",), **kwargs: Any) -> LiveJob:
+                     consumers: list[str] | tuple[str, ...] = ("trainer",), page_size: int | None = None,
+                     **kwargs: Any) -> LiveJob:
     """Start a streamed batch and return its LiveJob at once (``Taskset.start``).
 
     ``consumers`` are registered from the start: the finished batch stays open (up to
-    ``linger_s`` after a consumer last acted) until each has acknowledged every group."""
-    options = stream_options(max_in_flight, max_staleness, on_stale, linger_s, consumers)
+    ``linger_s`` after a consumer last acted) until each has acknowledged every group.
+    ``page_size``: groups every consumer acknowledged leave the workflow in pages of this many
+    (default ``ROLLOUTS_STREAM_PAGE_SIZE``)."""
+    options = stream_options(max_in_flight, max_staleness, on_stale, linger_s, consumers, page_size)
     policy = None
     if policy_version is not None:
         if isinstance(policy_version, bool) or not isinstance(policy_version, int) or policy_version < 0:

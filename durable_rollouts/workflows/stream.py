@@ -25,6 +25,7 @@ from durable_rollouts.models import ERROR_STATUSES, RolloutResult, StrictModel
 
 __all__ = [
     "CONSUMER_NAME",
+    "SEALED",
     "AckRequest",
     "FinishedGroup",
     "PolicyRef",
@@ -32,9 +33,11 @@ __all__ = [
     "StreamRequest",
     "StreamState",
     "StreamView",
+    "check_batch",
     "check_consumer",
 ]
 
+SEALED = "the stream of this batch is closing"  # an ack refused with it goes to storage
 CONSUMER_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,63}$")
 OnStale = Literal["resample", "drop"]
 
@@ -63,6 +66,9 @@ class StreamOptions(StrictModel):
     max_resamples: int = Field(default=3, ge=0)  # per group; then a stale group is dropped
     linger_s: float = Field(default=3600.0, gt=0)  # open after the last rollout, for consumers
     consumers: list[str] = Field(default_factory=list)  # registered from the start
+    # Groups per stream page: groups every registered consumer acknowledged leave the workflow
+    # state in pages of this many (``stream_paging``); None (earlier releases): kept, never paged.
+    page_size: int | None = Field(default=None, ge=1)
 
 
 class FinishedGroup(StrictModel):
@@ -98,6 +104,10 @@ class StreamView(StrictModel):
     # The job's max_in_flight: more groups than that are never delivered before an ack, so a
     # batch waits for at most that many.
     max_in_flight: int | None = None
+    # Groups before ``base`` are no longer in the workflow: read them from the stream's pages
+    # (``page_size`` groups each, in storage).
+    base: int = 0
+    page_size: int | None = None
 
 
 class AckRequest(StrictModel):
@@ -119,7 +129,10 @@ class StreamState(StrictModel):
 
     options: StreamOptions = Field(default_factory=StreamOptions)
     on_error: str = "keep"
-    delivered: list[FinishedGroup] = Field(default_factory=list)
+    delivered: list[FinishedGroup] = Field(default_factory=list)  # from seq ``base`` on
+    base: int = 0  # seq of delivered[0]: the groups before it are in pages (``stream_paging``)
+    pages: int = 0  # pages written (page n holds groups [n * page_size, (n + 1) * page_size))
+    sealed: bool = False  # the batch is closing: it takes no more acks (storage does)
     cursors: dict[str, int] = Field(default_factory=dict)
     pending: dict[str, _Pending] = Field(default_factory=dict)  # group id -> running group
     started_groups: int = 0
@@ -168,7 +181,7 @@ class StreamState(StrictModel):
                 return self._count("stale_resampled")
             return self._count("stale_dropped")
         self.delivered.append(FinishedGroup(
-            seq=len(self.delivered), group_id=group_id, row_index=members[0].row_index,
+            seq=self.total(), group_id=group_id, row_index=members[0].row_index,
             slug=members[0].slug, size=len(kept), dropped_samples=len(members) - len(kept),
             policy_version=sampled, results=kept))
 
@@ -181,12 +194,37 @@ class StreamState(StrictModel):
     def _count(self, what: str) -> None:
         self.counts[what] = self.counts.get(what, 0) + 1
 
+    def total(self) -> int:
+        """Groups delivered so far (paged or kept)."""
+        return self.base + len(self.delivered)
+
+    # -- pages -----------------------------------------------------------------------------
+
+    def next_page(self, final: bool = False) -> list[FinishedGroup] | None:
+        """The groups of the next page to write, or None: a full page every registered consumer
+        has acknowledged (with ``final``: every kept group, a last page maybe short)."""
+        size = self.options.page_size
+        if size is None or not self.delivered:
+            return None
+        if final:
+            return self.delivered[:size]
+        floor = min(self.cursors.values(), default=self.total())
+        if floor - self.base < size or len(self.delivered) < size:
+            return None
+        return self.delivered[:size]
+
+    def paged(self, count: int) -> None:
+        """The next page (its first ``count`` kept groups) is in storage: drop them."""
+        del self.delivered[:count]
+        self.base += count
+        self.pages += 1
+
     # -- pacing ----------------------------------------------------------------------------
 
     def in_flight(self) -> int:
         """Groups running, plus delivered groups the furthest consumer has not acknowledged."""
         furthest = max(self.cursors.values(), default=0)
-        return len(self.pending) + len(self.delivered) - furthest
+        return len(self.pending) + self.total() - furthest
 
     def may_start_group(self) -> bool:
         limit = self.options.max_in_flight
@@ -194,7 +232,7 @@ class StreamState(StrictModel):
 
     def caught_up(self) -> bool:
         """Every registered consumer has acknowledged every delivered group (and there is one)."""
-        return bool(self.cursors) and all(c >= len(self.delivered) for c in self.cursors.values())
+        return bool(self.cursors) and all(c >= self.total() for c in self.cursors.values())
 
     # -- consumers -------------------------------------------------------------------------
 
@@ -205,24 +243,40 @@ class StreamState(StrictModel):
     def view(self, req: StreamRequest, done: bool, policy: PolicyRef | None) -> StreamView:
         cursor = self.cursors.get(req.consumer, 0)
         start = max(req.start, cursor)
-        return StreamView(consumer=req.consumer, cursor=cursor, start=start,
-                          groups=self.delivered[start:start + req.limit], delivered=len(self.delivered),
-                          done=done, policy=policy, counts=dict(self.counts),
-                          max_in_flight=self.options.max_in_flight)
+        kept = max(start - self.base, 0)
+        groups = self.delivered[kept:kept + req.limit] if start >= self.base else []
+        return StreamView(consumer=req.consumer, cursor=cursor, start=start, groups=groups,
+                          delivered=self.total(), done=done, policy=policy, counts=dict(self.counts),
+                          max_in_flight=self.options.max_in_flight, base=self.base,
+                          page_size=self.options.page_size)
 
     def check_ack(self, req: AckRequest) -> None:
         """ValueError unless ``req`` acknowledges the consumer's next groups (or is a repeat)."""
         check_consumer(req.consumer)
+        self.check_open()
         cursor = self.cursors.get(req.consumer)
         if cursor is None:
             raise ValueError(f"consumer {req.consumer!r} is not registered with this job")
         if req.end <= cursor:
             return  # acknowledged already (a retried ack)
-        if req.start != cursor or req.end > len(self.delivered) or req.end <= req.start:
-            raise ValueError(
-                f"unknown batch {req.start}-{req.end} for consumer {req.consumer!r}: its next "
-                f"unacknowledged group is {cursor} of {len(self.delivered)} delivered")
+        check_batch(req, cursor, self.total())
+
+    def check_open(self) -> None:
+        """ValueError (``SEALED``) once the batch is closing: acks then go to storage."""
+        if self.sealed:
+            raise ValueError(f"{SEALED}: acknowledgements are kept in storage from now on")
 
     def ack(self, req: AckRequest) -> int:
         self.cursors[req.consumer] = max(self.cursors[req.consumer], req.end)
         return self.cursors[req.consumer]
+
+
+def check_batch(req: AckRequest, cursor: int, delivered: int) -> None:
+    """ValueError unless ``[req.start, req.end)`` are the next groups after ``cursor`` (the same
+    rule for the workflow and, once it has closed, for the cursors in storage)."""
+    if req.end <= cursor:
+        return  # acknowledged already (a retried ack)
+    if req.start != cursor or req.end > delivered or req.end <= req.start:
+        raise ValueError(
+            f"unknown batch {req.start}-{req.end} for consumer {req.consumer!r}: its next "
+            f"unacknowledged group is {cursor} of {delivered} delivered")

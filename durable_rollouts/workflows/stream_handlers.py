@@ -16,6 +16,8 @@ import asyncio
 from datetime import timedelta
 
 from temporalio import workflow
+from temporalio.common import RetryPolicy
+from temporalio.exceptions import ActivityError
 
 with workflow.unsafe.imports_passed_through():
     from durable_rollouts.ids import group_id
@@ -27,6 +29,15 @@ with workflow.unsafe.imports_passed_through():
         StreamState,
         StreamView,
         check_consumer,
+    )
+    from durable_rollouts.workflows.stream_paging import (
+        ACT_STREAM_MANIFEST,
+        ACT_STREAM_PAGE,
+        PATCH_PAGES,
+        KeptState,
+        StreamManifest,
+        StreamManifestInput,
+        StreamPageInput,
     )
 
 __all__ = ["StreamHandlers"]
@@ -40,6 +51,7 @@ class StreamHandlers:
     _rollouts_done = False
     _stream_updates = 0  # updates this run accepted (a run takes at most 2,000)
     _touched = False  # a consumer acted since the batch started lingering
+    _paging = False  # acknowledged groups leave the state in pages (``stream_paging``)
 
     # -- slots: what to start next (the batch's own, or a re-sampled group's) -------------------
 
@@ -91,6 +103,67 @@ class StreamHandlers:
         the history is long enough to continue as new)."""
         return self._held_back(index, total) and not self._too_long(inp) and self._failed_on is None
 
+    # -- pages: acknowledged groups out of the state, the rest when the batch closes -----------
+
+    def _start_paging(self) -> None:
+        """Page this run's stream if its options ask for it (a patch: runs recorded before it
+        never page, and replay as they ran)."""
+        stream = self._stream
+        self._paging = (stream is not None and stream.options.page_size is not None
+                        and workflow.patched(PATCH_PAGES))
+
+    async def _page_out(self, inp: TasksetRunInput, final: bool = False) -> bool:
+        """Write every full page every registered consumer acknowledged (``final``: every kept
+        group) to storage, then drop those groups from the state. False when the store failed
+        (the groups stay in the state: the next call tries again; the batch goes on)."""
+        stream = self._stream
+        if not self._paging or stream is None:
+            return False
+        while (groups := stream.next_page(final)) is not None:
+            try:
+                await workflow.execute_activity(
+                    ACT_STREAM_PAGE, StreamPageInput(job_id=inp.job_id, batch_index=inp.batch_index,
+                                                     page=stream.pages, groups=groups),
+                    result_type=int, start_to_close_timeout=timedelta(minutes=2),
+                    retry_policy=RetryPolicy(maximum_attempts=10, maximum_interval=timedelta(seconds=30)))
+            except ActivityError as err:
+                workflow.logger.warning("batch %s: stream page %d not stored (%s); kept in state",
+                                        inp.job_id, stream.pages, err.cause or err)
+                return False
+            stream.paged(len(groups))
+        return True
+
+    async def _seal(self, inp: TasksetRunInput) -> None:
+        """The batch is closing: refuse further acks (they go to storage), write the kept groups
+        as the last pages and the manifest with every consumer's cursor."""
+        stream = self._stream
+        if not self._paging or stream is None or stream.options.page_size is None:
+            return
+        stream.sealed = True
+        await workflow.wait_condition(workflow.all_handlers_finished)
+        if not await self._page_out(inp, final=True):
+            return  # no manifest: readers of the closed job query it (its state kept the rest)
+        manifest = StreamManifest(job_id=inp.job_id, batch_index=inp.batch_index,
+                                  page_size=stream.options.page_size, delivered=stream.total(),
+                                  cursors=dict(stream.cursors), counts=dict(stream.counts),
+                                  policy=self._policy)
+        try:
+            await workflow.execute_activity(
+                ACT_STREAM_MANIFEST, StreamManifestInput(manifest=manifest),
+                start_to_close_timeout=timedelta(minutes=2),
+                retry_policy=RetryPolicy(maximum_attempts=10, maximum_interval=timedelta(seconds=30)))
+        except ActivityError as err:
+            workflow.logger.warning("batch %s: stream manifest not stored (%s)", inp.job_id,
+                                    err.cause or err)
+
+    @workflow.query(name="stream_kept")
+    def stream_kept(self) -> KeptState:
+        """How much of the stream this run holds (tests and benchmarks bound it)."""
+        stream = self._need_stream()
+        return KeptState(kept_groups=len(stream.delivered), base=stream.base, pages=stream.pages,
+                         page_size=stream.options.page_size,
+                         state_bytes=len(stream.model_dump_json()))
+
     async def _linger(self, inp: TasksetRunInput) -> bool:
         """Stay open for the consumers once every rollout is done: until they all caught up, the
         stream is closed, or ``linger_s`` passed without a consumer acting. True when the run
@@ -98,6 +171,7 @@ class StreamHandlers:
         assert self._stream is not None
         stream = self._stream
         while not (stream.closed or stream.caught_up()):
+            await self._page_out(inp)
             if self._too_long(inp):
                 return True
             self._touched = False
@@ -141,7 +215,7 @@ class StreamHandlers:
 
     @stream_register.validator
     def _check_register(self, consumer: str) -> None:
-        self._need_stream()
+        self._need_stream().check_open()
         check_consumer(consumer)
 
     @workflow.update(name="stream_ack")

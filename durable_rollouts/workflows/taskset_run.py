@@ -91,6 +91,7 @@ class TasksetRun(StreamHandlers):
             progress.runs += 1
         progress.running = 0
         self._progress = progress
+        self._start_paging()
         resolved: dict[int, Task] = dict(inp.resolved)
         results: list[RolloutResult] = list(inp.results)
         refs: list[ResultsRef] = list(inp.result_refs)
@@ -137,6 +138,7 @@ class TasksetRun(StreamHandlers):
                     break
                 await self._collect(inp, pending, results, gate=self._held_back(index, total))
                 pending = [fut for fut in pending if not fut.done()]
+                await self._page_out(inp)
                 self._details(progress)
         except asyncio.CancelledError:
             await self._cancel_children(inp, pending)
@@ -148,6 +150,7 @@ class TasksetRun(StreamHandlers):
             carry = await self._linger(inp)  # consumers catch up (True: continue as new first)
         if carry:
             await self._continue_as_new(inp, index, results, refs, resolved, progress)
+        await self._seal(inp)  # a paged stream: the rest of it, and the cursors, to storage
 
         progress.done = True
         self._details(progress)
@@ -160,6 +163,7 @@ class TasksetRun(StreamHandlers):
                                refs: list[ResultsRef], resolved: dict[int, Task],
                                progress: Progress) -> None:
         """Flush the results to claim checks (when many) and continue as new from ``index``."""
+        await self._page_out(inp)  # carry only the groups not every consumer acknowledged
         if len(results) > inp.flush_results_over:  # claim checks of <=FLUSH_CHUNK results each
             for start in range(0, len(results), FLUSH_CHUNK):
                 refs.append(await self._flush(inp, results[start:start + FLUSH_CHUNK], len(refs)))

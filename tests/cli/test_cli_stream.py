@@ -6,7 +6,7 @@ its lines are out, so a second run with the same consumer prints only what was n
 A consumer killed while a batch was in hand (blocked writing to a full pipe; SIGKILLed right
 after its first line reached a file) gets that batch again, and a file never holds a group twice.
 SIGTERM stops after the batch in hand; `--close` lets a lingering job finish, and a closed job can
-still be read. Cursors are read from the workflow (its ``stream_view`` query), not from our logs.
+still be read, each group once in all (its acknowledgements are stored next to its pages). Cursors are read from the workflow (its ``stream_view`` query), not from our logs.
 """
 
 from __future__ import annotations
@@ -132,11 +132,15 @@ def test_stream_prints_each_group_once_acks_it_and_close_lets_the_job_finish(
     wait_until(lambda: not alive(background_workers[0]), timeout=30, what="its worker to exit")
     assert "already closed" in rollouts("stream", job_id, "--close").out
 
-    out = tmp_path / "late.jsonl"  # the job has closed: an in-process worker answers the reads
+    # The job has closed: its stream is in storage (no worker needed), and the consumer's
+    # acknowledgements are stored next to it: a second read prints nothing.
+    out = tmp_path / "late.jsonl"
     late = rollouts("stream", job_id, "--consumer", "lagging", "--traces", "-o", str(out),
-                    timeout=120)
+                    "--no-worker", timeout=120)
     assert late.code == 0, late.err
-    assert late.out == "" and "acknowledgements were not recorded" in late.err
+    assert late.out == "" and "consumer 'lagging' acknowledged 4 group(s)" in late.err
+    twice = rollouts("stream", job_id, "--consumer", "lagging", "--no-worker", timeout=120)
+    assert twice.code == 0 and twice.out == "" and "acknowledged 0 group(s)" in twice.err, twice.err
     read = lines_of(out.read_text())
     assert [g["group_id"] for g in read] == [g["group_id"] for g in groups]
     traces = [m["trace"] for g in read for m in g["rollouts"]]

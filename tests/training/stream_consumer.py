@@ -4,6 +4,8 @@
 received batch is appended to LOG as one JSON line (pid, batch id, group ids, rollout ids) and
 flushed to disk *before* it is acknowledged; with ``--hang-at N`` the process stops before
 acknowledging its N-th batch and waits to be killed (a trainer that dies between receive and ack).
+With ``--acks FILE`` each batch id is appended to FILE once its ack returned: the batches the
+trainer applied (received and acknowledged).
 """
 
 from __future__ import annotations
@@ -34,6 +36,9 @@ async def main(args: argparse.Namespace) -> None:
             print("HANGING", flush=True)
             await asyncio.sleep(3600)
         await batch.ack()
+        if args.acks:
+            with open(args.acks, "a") as fh:
+                fh.write(batch.id + "\n")
     print("DONE", flush=True)
 
 
@@ -45,4 +50,5 @@ if __name__ == "__main__":
     parser.add_argument("log")
     parser.add_argument("--batch-size", type=int, default=1)
     parser.add_argument("--hang-at", type=int, default=0)
+    parser.add_argument("--acks", default="")
     asyncio.run(main(parser.parse_args()))

@@ -1,0 +1,127 @@
+"""One consumer's reading of a job's stream, while the batch runs and after it has closed.
+
+While the batch runs, the consumer registers with an update, reads with the ``stream_view``
+query, and acknowledges with an update. The batch keeps only the groups some registered consumer
+has not acknowledged; a consumer behind the oldest kept group (``view.base``) reads the groups
+before it from the stream's pages in storage, in the same order, under the same cursor.
+
+Once the batch has closed (or is closing: it refuses acks with ``SEALED``), the stream is all in
+storage: the manifest says how many groups there are and where every consumer stood, and an ack
+moves the consumer's cursor stored next to it, by the same rule the workflow applies
+(``check_batch``). A batch closed without a manifest (an earlier release, a cancelled batch) is
+read with the query (it needs a worker) and its acks are stored the same way.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..errors import ConfigError
+from ..workflows.stream import AckRequest, FinishedGroup, StreamView, check_batch
+from ..workflows.stream_paging import StreamManifest
+from .stream_pages import StreamStore
+
+__all__ = ["Chunk", "JobClosedError", "StreamReader"]
+
+MANIFEST_WAIT_S = 120.0  # how long a closing batch may take to write its manifest
+
+
+@dataclass
+class Chunk:
+    """What one read gives: groups from ``start`` on, and whether more can come."""
+
+    start: int
+    groups: list[FinishedGroup] = field(default_factory=list)
+    done: bool = False  # no more groups will be delivered
+    max_in_flight: int | None = None
+    delivered: int = 0  # groups delivered so far
+
+
+class JobClosedError(ConfigError):
+    """The job's batch workflow has closed (or is closing): it takes no more acknowledgements
+    or policies (a consumer's acknowledgements then go to storage)."""
+
+
+class StreamReader:
+    """``consumer``'s stream of ``job`` (a ``LiveJob``): register, read, ack; open or closed alike."""
+
+    def __init__(self, job: Any, consumer: str) -> None:
+        self.job, self.consumer = job, consumer
+        self.store = StreamStore(job.id, job.handle.batch_index)
+        self.closed = False
+        self.manifest: StreamManifest | None = None
+        self.cursor = 0  # closed: the consumer's cursor (stored, or as the batch left it)
+        self.delivered = 0  # closed: groups in the stream
+
+    async def register(self) -> int:
+        """Register the consumer (the batch keeps its groups for it); returns its cursor."""
+        try:
+            return int(await self.job._update("stream_register", self.consumer))
+        except JobClosedError:
+            return await self._close()
+
+    async def _close(self) -> int:
+        """Switch to the stream in storage (the batch has closed, or is closing)."""
+        if self.closed:
+            return self.cursor
+        deadline = time.monotonic() + MANIFEST_WAIT_S
+        while (manifest := await self.store.manifest()) is None:
+            if not await self.job._running():  # closed without one: read with the query
+                view = await self.job.view(self.consumer, 0, 1)
+                self.cursor, self.delivered = view.cursor, view.delivered
+                break
+            if time.monotonic() > deadline:
+                raise ConfigError(f"job {self.job.id} is closing but wrote no stream manifest "
+                                  f"within {MANIFEST_WAIT_S:.0f} s")
+            await asyncio.sleep(0.2)
+        if manifest is not None:
+            self.manifest = manifest
+            self.cursor = manifest.cursors.get(self.consumer, 0)
+            self.delivered = manifest.delivered
+        self.cursor = max(self.cursor, await self.store.cursor(self.consumer))
+        self.closed = True
+        return self.cursor
+
+    async def read(self, start: int, limit: int) -> Chunk:
+        """Up to ``limit`` groups from ``start`` (or from the consumer's cursor, if further)."""
+        if self.manifest is not None:
+            start = max(start, self.cursor)
+            m = self.manifest
+            groups = await self.store.read(start, limit, m.page_size, m.delivered)
+            return Chunk(start, groups, done=True, delivered=m.delivered)
+        view = await self.job.view(self.consumer, start, limit)
+        start = max(view.start, self.cursor)
+        if start >= view.base:
+            groups = view.groups if start == view.start else []
+            if start != view.start:
+                view = await self.job.view(self.consumer, start, limit)
+                groups = view.groups
+            return self._chunk(start, groups, view)
+        assert view.page_size is not None  # groups before base are paged
+        paged = await self.store.read(start, limit, view.page_size, view.base)
+        if len(paged) < limit and start + len(paged) == view.base:  # the rest from the batch
+            rest = await self.job.view(self.consumer, view.base, limit - len(paged))
+            return self._chunk(start, paged + rest.groups, rest)
+        return self._chunk(start, paged, view)
+
+    def _chunk(self, start: int, groups: list[FinishedGroup], view: StreamView) -> Chunk:
+        return Chunk(start, groups, done=view.done or self.closed, max_in_flight=view.max_in_flight,
+                     delivered=view.delivered)
+
+    async def ack(self, start: int, end: int) -> int:
+        """Acknowledge ``[start, end)``; returns the consumer's cursor."""
+        req = AckRequest(consumer=self.consumer, start=start, end=end)
+        if not self.closed:
+            try:
+                return int(await self.job._update("stream_ack", req))
+            except JobClosedError:
+                await self._close()
+        try:
+            check_batch(req, self.cursor, self.delivered)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+        self.cursor = await self.store.put_cursor(self.consumer, max(self.cursor, end))
+        return self.cursor
