@@ -12,7 +12,7 @@ import importlib
 from collections.abc import Callable
 from typing import Any
 
-from .. import moved
+from ..moved import import_module as import_moved
 from ..errors import ConfigError
 from ..models import ProviderSpec
 from .base import DurableProvider, Locality, Runtime
@@ -76,7 +76,7 @@ def provider_from_spec(spec: ProviderSpec) -> DurableProvider:
         if not sep:
             raise ConfigError(f"unknown provider kind {spec.kind!r}; built-ins: {', '.join(sorted(_KINDS))}")
         try:
-            obj: Any = moved.import_module(module_name)
+            obj: Any = import_moved(module_name)
             for part in qualname.split("."):
                 obj = getattr(obj, part)
             factory = obj.from_options

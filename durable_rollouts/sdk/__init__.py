@@ -1,9 +1,10 @@
-"""User side: tasksets, jobs, runs, agents, providers, the rollout steps and the direct executor.
+"""What users import: tasksets, jobs, runs, agents (and the bundled ones), exports, replay, file
+tracking, and ``run_direct`` (the card's plan walked in plain asyncio).
 
-Builds on ``envserver`` (for local serving) and the shared ``models``/``protocol``/``errors``;
-never imported by ``envserver`` or by workflows. Temporal-free: nothing here imports temporalio
-or the Temporal layers (``tests/test_layering.py``); ``Taskset.run`` reaches
-``durable_rollouts.temporal.batches`` by name, on use.
+Builds on ``steps`` (the step functions both executors call), ``runtimes``, ``client`` and the
+shared models; never imported by ``envserver``, ``runtimes`` or ``steps``. Temporal-free: nothing
+here imports temporalio or the Temporal layers (``tests/test_layering.py``); ``Taskset.run``
+reaches ``durable_rollouts.temporal.batches`` by name, on use.
 """
 
 from __future__ import annotations

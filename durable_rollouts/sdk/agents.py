@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError
 
-from .. import moved
+from ..moved import import_module as import_moved
 from ..errors import ConfigError
 from ..hud_detect import is_hud_agent_class, missing_hud
 from ..models import AgentSpec
@@ -149,7 +149,7 @@ def resolve_class(path: str) -> type:
         if module_name == "__main__":
             raise ConfigError(f"agent {path!r} lives in __main__, which this process cannot import")
         try:
-            module = moved.import_module(module_name)
+            module = import_moved(module_name)
         except Exception as exc:  # an ImportError or anything the module raises on import
             raise missing_hud(exc, f"agent module {module_name!r}") or ConfigError(
                 f"cannot import agent module {module_name!r}: {exc}") from exc

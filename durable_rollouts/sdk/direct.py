@@ -18,7 +18,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from .. import ids
+from ..ids import group_id, rollout_id
 from ..errors import ConfigError, ModelAPIError, SubstrateGoneError
 from ..models import AgentSpec, Endpoint, Grade, ProviderSpec, Session, Step, Task, Trace
 from ..runtimes.base import DurableProvider
@@ -83,10 +83,10 @@ async def run_direct(taskset: Taskset, agent: Agent | Any, runtime: Any = None, 
     groups = []
     for row_index, row in enumerate(taskset):  # the durable path's ids (``ids``), so both agree
         runs = [
-            Run(task=row, slug=row.slug, job_id=job.id, group_id=ids.group_id(job.id, row_index, batch),
+            Run(task=row, slug=row.slug, job_id=job.id, group_id=group_id(job.id, row_index, batch),
                 group_index=gi, row_index=row_index, rollout_id=rid, trace=Trace(trace_id=rid))
             for gi in range(group)
-            for rid in [ids.rollout_id(job.id, row.slug, gi, batch)]
+            for rid in [rollout_id(job.id, row.slug, gi, batch)]
         ]
         groups.append(ctx.run_group(taskset, row, runs))
     for runs in await asyncio.gather(*groups):

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
-from .. import moved
+from ..moved import import_module as import_moved
 from ..errors import ConfigError
 from ..hud_detect import is_hud_task, is_hud_taskset, missing_hud
 from ..models import Task
@@ -340,7 +340,7 @@ def load_taskset(path: str, name: str) -> Any:
         return live
     module_name, _, qualname = path.partition(":")
     try:
-        obj: Any = moved.import_module(module_name)
+        obj: Any = import_moved(module_name)
         for part in qualname.split("."):
             obj = getattr(obj, part)
     except (ImportError, AttributeError) as err:
