@@ -1,4 +1,4 @@
-"""Activities of the ``Rollout`` workflow: thin wrappers over the sdk's rollout steps.
+"""Activities of the ``Rollout`` workflow: thin wrappers over ``steps/``.
 
 One class built with its dependencies (the worker's queues, the trace store); one pydantic input
 per activity; errors mapped at one edge (``failures.map_errors``). Long steps heartbeat from a

@@ -4,9 +4,9 @@ Every step after ``connect`` reconnects with ``hello{session_id}``, so each may 
 process. Connection failures are classified here, at the edge: a substrate that refuses
 connections, never answers or forgot the session is :class:`SubstrateGoneError` (the rollout
 reprovisions); a refused ``tasks.start`` for bad arguments is a :class:`ConfigError`; a refused
-or failed grade is a graded error, not a retry. Shared by ``steps``, ``agent_step``,
-``merged_steps`` and the verifier steps. Imports models, errors, protocol codes, the client and
-token helpers; never Temporal.
+or failed grade is a graded error, not a retry. Shared by the steps (``steps/``) and the frozen
+merged steps (``activities/legacy_steps``). Imports models, errors, protocol codes, the client
+and token helpers; never Temporal.
 
 A HUD v6 server speaks the same wire but forgets a session when its connection closes while the
 session holds no task (or a graded one). ``SERVER_TRAITS`` says so, per ``Session.server``, and

@@ -2,10 +2,10 @@
 
 ``verify`` acquires the verifier, starts its task, grades it with the actor's result and releases
 it, all in one activity; a verdict reached by a try whose worker then died is kept on this host
-(``$ROLLOUTS_HOME/verdicts``, dropped at teardown by ``steps.forget_verdicts``) so a retry on the
+(``$ROLLOUTS_HOME/verdicts``, dropped at teardown by ``steps.substrate.forget_verdicts``) so a retry on the
 same host never grades twice. New Rollouts record the verifier's session in history instead
-(``sdk.verifier``: no host-local state); this path stays for histories of release f54ad67 and for
-the direct executor. Imports the sdk steps' helpers, never Temporal.
+(``steps.verifier``: no host-local state); this path stays for histories of release f54ad67 and for
+nothing else. Imports the substrate steps' helpers, never Temporal.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""Where the sdk's claim checks (traces) are stored: a small registry, so ``sdk`` stays Temporal-free.
+"""Where claim checks (traces, result chunks, rows) are stored: a small registry, so everything
+below the Temporal layer stays Temporal-free.
 
 The durable path's store is ``durable_rollouts.temporal.storage.Blobs`` (the ``ROLLOUTS_STORAGE``
 driver, shared by every host): importing that module registers it here, and it is always loaded

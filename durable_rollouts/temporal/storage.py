@@ -317,4 +317,4 @@ def _cause(err: BaseException) -> str:
     return f"{type(err).__name__}: {text}"[:300]
 
 
-register_blobs(blobs)  # the sdk's traces go to this store whenever the Temporal layer is loaded
+register_blobs(blobs)  # claim checks (stores/) go to this store whenever the Temporal layer is loaded
