@@ -19,6 +19,7 @@ import pytest
 from admission_provider import LiveCounter, max_live
 from temporal_helpers import ENV_FILE, CountingAgent, wait_for
 from temporalio.api.enums.v1 import EventType
+from temporalio.api.sdk.v1 import WorkflowMetadata
 from temporalio.client import Client
 from temporalio.worker import Replayer
 
@@ -100,6 +101,8 @@ async def test_three_workers_hold_two_provisions_per_second_and_five_live_substr
             break
         await asyncio.sleep(0.1)
     assert phase.get("phase") == "waiting for admission", phase
+    details = await last.query("__temporal_workflow_metadata", result_type=WorkflowMetadata)
+    assert "waiting for admission" in details.current_details, details  # the Web UI shows it
     shown = await load_job(client, job_id)
     assert "waiting" in {r.status for r in shown.runs}, sorted({r.status for r in shown.runs})
 
