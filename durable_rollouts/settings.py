@@ -72,6 +72,10 @@ class Settings(BaseModel):
     storage_threshold: int = _var(
         "ROLLOUTS_STORAGE_THRESHOLD", 256 * 1024, "Payloads over this many bytes (after "
         "encryption) go to the store; the workflow history keeps a reference.", ge=0)
+    storage_patience: float = _var(
+        "ROLLOUTS_STORAGE_PATIENCE", 120.0, "Seconds a trace or claim-check read or write keeps "
+        "retrying (with backoff) while an `s3://` or `gs://` store is unreachable, before the "
+        "step fails: a store outage shorter than this costs no step attempt.", ge=0)
     payload_key: SecretStr | None = _var(
         "ROLLOUTS_PAYLOAD_KEY", None, "Comma-separated base64 32-byte keys: when set, payloads "
         "are encrypted (AES-256-GCM) with the first key; every key decrypts.")

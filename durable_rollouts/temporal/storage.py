@@ -22,7 +22,9 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-from collections.abc import Sequence
+import logging
+import time
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
@@ -54,13 +56,16 @@ __all__ = [
     "build_driver",
     "external_storage",
     "parse_storage_url",
+    "patiently",
     "probe",
     "storage_url",
+    "unreachable",
 ]
 
 STORAGE_ENV = var("storage")
 BLOB_SCHEME = "rollouts-storage:"
 _T = TypeVar("_T")
+logger = logging.getLogger(__name__)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -251,21 +256,66 @@ class Blobs:
         """Store ``data``; returns its URI."""
         if self._loop_free:
             return await self._aput(data)
-        return await LOOP.arun(self._aput(data))
+        return await LOOP.arun(patiently(lambda: self._aput(data)))
 
     async def aget(self, uri: str) -> bytes:
         """The bytes behind ``uri``."""
         if self._loop_free:
             return await self._aget(uri)
-        return await LOOP.arun(self._aget(uri))
+        return await LOOP.arun(patiently(lambda: self._aget(uri)))
 
     def put(self, data: bytes) -> str:
         """``aput`` for sync callers (safe inside a running loop: runs on the storage thread)."""
-        return LOOP.run(self._aput(data))
+        if self._loop_free:
+            return LOOP.run(self._aput(data))
+        return LOOP.run(patiently(lambda: self._aput(data)))
 
     def get(self, uri: str) -> bytes:
         """``aget`` for sync callers."""
-        return LOOP.run(self._aget(uri))
+        if self._loop_free:
+            return LOOP.run(self._aget(uri))
+        return LOOP.run(patiently(lambda: self._aget(uri)))
+
+
+# Errors (by class name, anywhere in a class's MRO) that mean the store could not be reached,
+# from the standard library, botocore / aiobotocore and aiohttp (the GCS client).
+_UNREACHABLE = frozenset({"ConnectionError", "TimeoutError", "HTTPClientError",
+                          "ClientConnectionError", "ServerDisconnectedError", "ClientOSError"})
+
+
+def unreachable(err: BaseException) -> bool:
+    """Whether ``err`` (or an error it was raised from) says the store could not be reached or
+    answered 5xx/throttled, as opposed to a refusal (not found, access denied) or bad data."""
+    seen: BaseException | None = err
+    for _ in range(10):
+        if seen is None:
+            return False
+        if _UNREACHABLE & {c.__name__ for c in type(seen).__mro__}:
+            return True
+        meta = (getattr(seen, "response", None) or {}).get("ResponseMetadata", {}) \
+            if isinstance(getattr(seen, "response", None), dict) else {}
+        if int(meta.get("HTTPStatusCode") or 0) >= 500 or int(getattr(seen, "status", 0) or 0) >= 500:
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
+async def patiently(call: Callable[[], Awaitable[_T]]) -> _T:
+    """``call()``, again with backoff (0.5 s doubling to 5 s) while a remote store fails, for up
+    to ``ROLLOUTS_STORAGE_PATIENCE`` seconds: an outage of the bucket shorter than that costs the
+    step that reads or writes no attempt (and an agent step no re-run). A local disk's errors
+    (full, read-only) are not waited out: ``Blobs`` calls its driver directly."""
+    deadline = time.monotonic() + settings().storage_patience
+    delay = 0.5
+    while True:
+        try:
+            return await call()
+        except (RuntimeError, OSError) as err:  # the S3/GCS drivers' "store/retrieve failed"
+            if not unreachable(err) or time.monotonic() + delay > deadline:
+                raise
+            logger.warning("store unreachable (%s); retrying in %.1f s", str(err)[:200], delay)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 5.0)
 
 
 def parse_blob_uri(uri: str) -> tuple[str, StorageDriverClaim]:

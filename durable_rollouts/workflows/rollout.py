@@ -152,9 +152,12 @@ class CardRollout(AgentTurns):
                 self._ticket = None
 
     def _waiting(self, waiting: bool) -> None:
-        """Show the wait for admission: the phase, and RolloutsStatus ``waiting`` meanwhile."""
+        """Show the wait for admission: the phase, the Web UI's current details, and
+        RolloutsStatus ``waiting`` meanwhile."""
         if waiting:
             self._phase = "waiting for admission"
+        workflow.set_current_details("waiting for admission (fleet-wide limits of its runtime)"
+                                     if waiting else "")  # the Web UI's details: no command
         if self._inp.search_attributes:
             workflow.upsert_search_attributes([KEY_STATUS.value_set("waiting" if waiting else "running")])
 

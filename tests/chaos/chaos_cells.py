@@ -18,6 +18,10 @@ that ran twice, wrong a run that did not resume.
 The ``restart_server`` cell runs on its own dev server, stopped (SIGTERM or SIGKILL) mid-agent
 and restarted on the same sqlite file.
 
+The outage cells (the S3 bucket away for 30 s mid-batch and mid-stream, the server SIGKILLed
+mid-stream, with a trainer attached) are in ``outage_cells.py`` (run by
+``tests/storage/test_outages.py``, which has the bucket).
+
 Each cell gets its own ROLLOUTS_HOME and task queue; a supervisor keeps two live workers (a killed
 worker is replaced), so the fault is survived by another process, never by luck of timing.
 """
