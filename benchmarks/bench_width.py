@@ -74,7 +74,8 @@ def _resource_worker(client, n: int):  # type: ignore[no-untyped-def]
 
 async def one(n: int, wait: float, window: float, server: psutil.Process, tuner: str) -> dict[str, float]:
     from durable_rollouts import LocalRuntime, Taskset
-    from durable_rollouts.temporal.batches import _client, start_job
+    from durable_rollouts.settings import settings
+    from durable_rollouts.temporal.batches import _client, _ensure_worker, start_job
     from durable_rollouts.workflows.types import MAX_CONCURRENT
 
     own: dict[str, object] = {}
@@ -93,6 +94,9 @@ async def one(n: int, wait: float, window: float, server: psutil.Process, tuner:
     cpu0, server0 = _cpu(me), _cpu(server)
     WaitAgent.started = 0
     batches = math.ceil(n / MAX_CONCURRENT)
+    if batches > 1 and tuner == "fixed":  # in a session: size the one in-process worker for all
+        client, _ = await _client(None)
+        await (await _ensure_worker(client, settings().task_queue, n)).release()
     sizes = [n // batches + (1 if i < n % batches else 0) for i in range(batches)]
     rows = letter_tasks(n)
     t0 = time.perf_counter()
@@ -103,10 +107,11 @@ async def one(n: int, wait: float, window: float, server: psutil.Process, tuner:
         handles.append(await start_job(taskset, WaitAgent(seconds=wait), runtime=LocalRuntime(LETTERS),
                                        max_concurrent=size, **own))  # type: ignore[arg-type]
     started_all = time.perf_counter() - t0
-    reached = await _plateau(n, time.monotonic() + wait * 0.6)
+    reached = await _plateau(n, time.monotonic() + wait * 0.8)
     ramp = time.perf_counter() - t0
     rss = me.memory_info().rss
-    idle_window = max(1.0, min(window, wait - ramp - 2.0))
+    # sample only while every agent that started still waits: end before the first one is done
+    idle_window = max(1.0, min(window, WaitAgent.first + wait - time.monotonic() - 1.0))
     c0, s0 = _cpu(me), _cpu(server)
     await asyncio.sleep(idle_window)
     idle_worker, idle_server = _cpu(me) - c0, _cpu(server) - s0
@@ -155,6 +160,13 @@ async def main(ns: list[int], wait: float, window: float, tuner: str) -> None:
     await shutdown_embedded()
 
 
+async def session_main(ns: list[int], wait: float, window: float, tuner: str) -> None:
+    from durable_rollouts import session
+
+    async with session():  # widths above one batch's start batches on one worker
+        await main(ns, wait, window, tuner)
+
+
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--n", default="500,2000,5000", help="comma-separated widths")
@@ -166,4 +178,4 @@ if __name__ == "__main__":
     args = parser.parse_args()
     print(f"tuner={args.tuner}", flush=True)
     with private_home():
-        asyncio.run(main([int(x) for x in args.n.split(",")], args.wait, args.window, args.tuner))
+        asyncio.run(session_main([int(x) for x in args.n.split(",")], args.wait, args.window, args.tuner))
