@@ -19,7 +19,8 @@ The plain baseline is the ideal: W seconds of wall and no CPU while the agents w
 
 ``--tuner resource`` runs the same on a worker with temporalio's resource-based tuner instead.
 
-    python benchmarks/bench_width.py [--n 500,2000,5000] [--wait 60] [--window 20] [--tuner fixed|resource]
+    python benchmarks/bench_width.py [--n 500,2000,5000] [--wait 60] [--window 20] [--settle 10]
+        [--tuner fixed|resource]
 """
 
 from __future__ import annotations
@@ -72,7 +73,8 @@ def _resource_worker(client, n: int):  # type: ignore[no-untyped-def]
     return build_worker(client, task_queue=queue, tuner=tuner), queue
 
 
-async def one(n: int, wait: float, window: float, server: psutil.Process, tuner: str) -> dict[str, float]:
+async def one(n: int, wait: float, window: float, server: psutil.Process, tuner: str,
+              settle: float) -> dict[str, float]:
     from durable_rollouts import LocalRuntime, Taskset
     from durable_rollouts.settings import settings
     from durable_rollouts.temporal.batches import _client, _ensure_worker, start_job
@@ -110,6 +112,7 @@ async def one(n: int, wait: float, window: float, server: psutil.Process, tuner:
     reached = await _plateau(n, time.monotonic() + wait * 0.8)
     ramp = time.perf_counter() - t0
     rss = me.memory_info().rss
+    await asyncio.sleep(max(0.0, min(settle, WaitAgent.first + wait - time.monotonic() - 5.0)))
     # sample only while every agent that started still waits: end before the first one is done
     idle_window = max(1.0, min(window, WaitAgent.first + wait - time.monotonic() - 1.0))
     c0, s0 = _cpu(me), _cpu(server)
@@ -135,7 +138,7 @@ async def one(n: int, wait: float, window: float, server: psutil.Process, tuner:
     }
 
 
-async def main(ns: list[int], wait: float, window: float, tuner: str) -> None:
+async def main(ns: list[int], wait: float, window: float, tuner: str, settle: float) -> None:
     from durable_rollouts import LocalRuntime, Taskset
     from durable_rollouts.temporal.batches import shutdown_embedded, start_job
 
@@ -148,7 +151,7 @@ async def main(ns: list[int], wait: float, window: float, tuner: str) -> None:
           f"{'idle worker ms/s':>16} {'idle server ms/s':>16} {'idle total':>10} {'net of base':>11} "
           f"{'reprov':>6} {'not ok':>6}")
     for n in ns:
-        r = await one(n, wait, window, server, tuner)
+        r = await one(n, wait, window, server, tuner, settle)
         print(f"{n:>6} {wait:>5.0f} {r['wall']:>7.1f} {r['ratio']:>5.2f} {r['ramp_s']:>7.1f} "
               f"{r['in_flight']:>8.0f} {r['rss_kib']:>15.0f} {r['worker_ms']:>17.1f} "
               f"{r['server_ms']:>17.1f} {r['idle_worker']:>16.3f} {r['idle_server']:>16.3f} "
@@ -160,11 +163,11 @@ async def main(ns: list[int], wait: float, window: float, tuner: str) -> None:
     await shutdown_embedded()
 
 
-async def session_main(ns: list[int], wait: float, window: float, tuner: str) -> None:
+async def session_main(ns: list[int], wait: float, window: float, tuner: str, settle: float) -> None:
     from durable_rollouts import session
 
     async with session():  # widths above one batch's start batches on one worker
-        await main(ns, wait, window, tuner)
+        await main(ns, wait, window, tuner, settle)
 
 
 if __name__ == "__main__":
@@ -172,10 +175,14 @@ if __name__ == "__main__":
     parser.add_argument("--n", default="500,2000,5000", help="comma-separated widths")
     parser.add_argument("--wait", type=float, default=60.0, help="seconds each agent waits (W)")
     parser.add_argument("--window", type=float, default=20.0, help="seconds of idle sampling")
+    parser.add_argument("--settle", type=float, default=10.0,
+                        help="seconds after the ramp before idle sampling (the server's lagging "
+                             "visibility and transfer work); cut short to leave 5 s of window")
     parser.add_argument("--tuner", choices=["fixed", "resource"], default="fixed",
                         help="fixed: Taskset.run's in-process worker, slots sized from the width; "
                              "resource: a worker with temporalio's resource-based tuner")
     args = parser.parse_args()
     print(f"tuner={args.tuner}", flush=True)
     with private_home():
-        asyncio.run(session_main([int(x) for x in args.n.split(",")], args.wait, args.window, args.tuner))
+        asyncio.run(session_main([int(x) for x in args.n.split(",")], args.wait, args.window, args.tuner,
+                                 args.settle))
