@@ -59,6 +59,7 @@ def free_port() -> int:
         (["run", str(LETTERS)], "Missing option '--agent'"),
         (["resume", "somejob", "--only", "bogus"], "--only 'bogus'"),
         (["jobs", "--limit", "0"], "--limit must be at least 1"),
+        (["worker", "--max-concurrent", "0"], "--max-concurrent"),
         (["frobnicate"], "No such command"),
     ],
 )
