@@ -6,6 +6,7 @@ In its own module (not the script) so a worker built apart from ``Taskset.run``'
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import ClassVar
 
 from durable_rollouts import Agent
@@ -18,8 +19,11 @@ class WaitAgent(Agent):
     seconds: float = 60.0
     waiting: ClassVar[int] = 0
     started: ClassVar[int] = 0
+    first: ClassVar[float] = 0.0  # time.monotonic() of the first start since ``started`` was reset
 
     async def __call__(self, run) -> None:  # type: ignore[no-untyped-def]
+        if not type(self).started:
+            type(self).first = time.monotonic()
         type(self).waiting += 1
         type(self).started += 1
         try:

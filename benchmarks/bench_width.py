@@ -2,9 +2,9 @@
 
 Each ``--n`` runs N one-row rollouts (``LocalRuntime``, the letters env) of an agent that sleeps
 ``--wait`` seconds, at concurrency N, through ``Taskset.run``'s path (embedded dev server +
-in-process worker, sized to the batch's width). A batch holds at most ``MAX_CONCURRENT``
-rollouts in flight (one workflow's pending-children limit), so a width above it is run as
-several batches started together on the same worker. Prints, per N:
+in-process worker, sized to the width). A width above ``--batch`` (500; a batch holds at most
+``MAX_CONCURRENT`` = 1,500 in flight) runs as several batches started together on the same
+worker. Prints, per N:
 
 - wall time (first start to last result) against the ideal W, and the ratio;
 - the worker's RSS per in-flight rollout (RSS with every agent waiting, less RSS before);
@@ -19,7 +19,8 @@ The plain baseline is the ideal: W seconds of wall and no CPU while the agents w
 
 ``--tuner resource`` runs the same on a worker with temporalio's resource-based tuner instead.
 
-    python benchmarks/bench_width.py [--n 500,2000,5000] [--wait 60] [--window 20] [--tuner fixed|resource]
+    python benchmarks/bench_width.py [--n 500,2000,5000] [--wait 60] [--window 20] [--settle 10] [--batch 500]
+        [--tuner fixed|resource]
 """
 
 from __future__ import annotations
@@ -72,9 +73,11 @@ def _resource_worker(client, n: int):  # type: ignore[no-untyped-def]
     return build_worker(client, task_queue=queue, tuner=tuner), queue
 
 
-async def one(n: int, wait: float, window: float, server: psutil.Process, tuner: str) -> dict[str, float]:
+async def one(n: int, wait: float, window: float, server: psutil.Process, tuner: str,
+              settle: float, batch: int) -> dict[str, float]:
     from durable_rollouts import LocalRuntime, Taskset
-    from durable_rollouts.temporal.batches import _client, start_job
+    from durable_rollouts.settings import settings
+    from durable_rollouts.temporal.batches import _client, _ensure_worker, start_job
     from durable_rollouts.workflows.types import MAX_CONCURRENT
 
     own: dict[str, object] = {}
@@ -92,7 +95,10 @@ async def one(n: int, wait: float, window: float, server: psutil.Process, tuner:
     base_worker, base_server = (_cpu(me) - b0) / BASELINE_S, (_cpu(server) - bs0) / BASELINE_S
     cpu0, server0 = _cpu(me), _cpu(server)
     WaitAgent.started = 0
-    batches = math.ceil(n / MAX_CONCURRENT)
+    batches = math.ceil(n / min(batch, MAX_CONCURRENT))
+    if batches > 1 and tuner == "fixed":  # in a session: size the one in-process worker for all
+        client, _ = await _client(None)
+        await (await _ensure_worker(client, settings().task_queue, n)).release()
     sizes = [n // batches + (1 if i < n % batches else 0) for i in range(batches)]
     rows = letter_tasks(n)
     t0 = time.perf_counter()
@@ -103,10 +109,12 @@ async def one(n: int, wait: float, window: float, server: psutil.Process, tuner:
         handles.append(await start_job(taskset, WaitAgent(seconds=wait), runtime=LocalRuntime(LETTERS),
                                        max_concurrent=size, **own))  # type: ignore[arg-type]
     started_all = time.perf_counter() - t0
-    reached = await _plateau(n, time.monotonic() + wait * 0.6)
+    reached = await _plateau(n, time.monotonic() + wait * 0.8)
     ramp = time.perf_counter() - t0
     rss = me.memory_info().rss
-    idle_window = max(1.0, min(window, wait - ramp - 2.0))
+    await asyncio.sleep(max(0.0, min(settle, WaitAgent.first + wait - time.monotonic() - 5.0)))
+    # sample only while every agent that started still waits: end before the first one is done
+    idle_window = max(1.0, min(window, WaitAgent.first + wait - time.monotonic() - 1.0))
     c0, s0 = _cpu(me), _cpu(server)
     await asyncio.sleep(idle_window)
     idle_worker, idle_server = _cpu(me) - c0, _cpu(server) - s0
@@ -130,7 +138,7 @@ async def one(n: int, wait: float, window: float, server: psutil.Process, tuner:
     }
 
 
-async def main(ns: list[int], wait: float, window: float, tuner: str) -> None:
+async def main(ns: list[int], wait: float, window: float, tuner: str, settle: float, batch: int) -> None:
     from durable_rollouts import LocalRuntime, Taskset
     from durable_rollouts.temporal.batches import shutdown_embedded, start_job
 
@@ -143,7 +151,7 @@ async def main(ns: list[int], wait: float, window: float, tuner: str) -> None:
           f"{'idle worker ms/s':>16} {'idle server ms/s':>16} {'idle total':>10} {'net of base':>11} "
           f"{'reprov':>6} {'not ok':>6}")
     for n in ns:
-        r = await one(n, wait, window, server, tuner)
+        r = await one(n, wait, window, server, tuner, settle, batch)
         print(f"{n:>6} {wait:>5.0f} {r['wall']:>7.1f} {r['ratio']:>5.2f} {r['ramp_s']:>7.1f} "
               f"{r['in_flight']:>8.0f} {r['rss_kib']:>15.0f} {r['worker_ms']:>17.1f} "
               f"{r['server_ms']:>17.1f} {r['idle_worker']:>16.3f} {r['idle_server']:>16.3f} "
@@ -155,15 +163,31 @@ async def main(ns: list[int], wait: float, window: float, tuner: str) -> None:
     await shutdown_embedded()
 
 
+async def session_main(ns: list[int], wait: float, window: float, tuner: str, settle: float,
+                       batch: int) -> None:
+    from durable_rollouts import session
+
+    async with session():  # widths above one batch's start batches on one worker
+        await main(ns, wait, window, tuner, settle, batch)
+
+
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--n", default="500,2000,5000", help="comma-separated widths")
     parser.add_argument("--wait", type=float, default=60.0, help="seconds each agent waits (W)")
     parser.add_argument("--window", type=float, default=20.0, help="seconds of idle sampling")
+    parser.add_argument("--settle", type=float, default=10.0,
+                        help="seconds after the ramp before idle sampling (the server's lagging "
+                             "visibility and transfer work); cut short to leave 5 s of window")
+    parser.add_argument("--batch", type=int, default=500,
+                        help="rollouts per batch (at most 1,500): wider runs start several batches "
+                             "at once; a batch's first workflow task starts all its children, and "
+                             "1,000 took over temporalio's 2 s deadlock limit on a loaded 2-core box")
     parser.add_argument("--tuner", choices=["fixed", "resource"], default="fixed",
                         help="fixed: Taskset.run's in-process worker, slots sized from the width; "
                              "resource: a worker with temporalio's resource-based tuner")
     args = parser.parse_args()
     print(f"tuner={args.tuner}", flush=True)
     with private_home():
-        asyncio.run(main([int(x) for x in args.n.split(",")], args.wait, args.window, args.tuner))
+        asyncio.run(session_main([int(x) for x in args.n.split(",")], args.wait, args.window, args.tuner,
+                                 args.settle, args.batch))

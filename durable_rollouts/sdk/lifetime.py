@@ -19,11 +19,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import itertools
 import logging
+import warnings
 from collections.abc import AsyncIterator, Callable, Hashable
 from dataclasses import dataclass
 from typing import Any
+
+from ..capacity import CapacityWarning
 
 __all__ = ["Lease", "lease", "lease_wide", "running", "session", "stop_all"]
 
@@ -81,21 +83,31 @@ async def lease(key: Hashable, build: Callable[[], Any]) -> Lease:
 
 
 async def lease_wide(key: Hashable, width: int, build: Callable[[], Any]) -> Lease:
-    """A lease for ``width`` rollouts in flight on a worker for ``key`` whose slots
-    (``worker.slots``) hold them on top of what its other leases hold; if every running one is
-    full, another worker for the same key is started with ``build()`` (which must size it)."""
+    """A lease for ``width`` rollouts in flight on the worker for ``key``.
+
+    temporalio allows one worker per queue in a process, so a running worker whose slots
+    (``worker.slots``) cannot hold ``width`` on top of its other leases' is replaced by a wider
+    one from ``build()`` when nothing uses it (in a ``session()``, between batches); while other
+    batches run on it, it stays, and one ``CapacityWarning`` says the batch will not reach its
+    width and which knob fixes it: never a silent cap."""
     loop = asyncio.get_running_loop()
-    for n in itertools.count():
-        sub = key if n == 0 else (key, n)
-        slot = _SLOTS.get((id(loop), sub))
-        if (slot is not None and slot.loop is loop and not slot.task.done()
-                and slot.width + width > getattr(slot.worker, "slots", 0)):
-            continue  # full: its batches already hold its slots
-        held = await lease(sub, build)
-        held.width = width
-        held._slot.width += width  # type: ignore[union-attr]
-        return held
-    raise AssertionError("unreachable")
+    slot = _SLOTS.get((id(loop), key))
+    if slot is not None and slot.loop is loop and not slot.task.done():
+        slots = getattr(slot.worker, "slots", 0)
+        if slot.width + width > slots:
+            if slot.users == 0:
+                await _stop(slot)  # idle: a wider one takes its place
+            else:
+                warnings.warn(
+                    f"the in-process worker has {slots} activity slots and its running batches "
+                    f"hold {slot.width} rollouts, so this batch reaches at most "
+                    f"{max(0, slots - slot.width)} of its max_concurrent={width} until they end: "
+                    f"start the wider batch first, or run `rollouts worker --max-concurrent N` "
+                    f"workers", CapacityWarning, stacklevel=3)
+    held = await lease(key, build)
+    held.width = width
+    held._slot.width += width  # type: ignore[union-attr]
+    return held
 
 
 def running() -> list[Any]:

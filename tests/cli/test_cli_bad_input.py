@@ -74,6 +74,7 @@ def free_port() -> int:
         (["run", str(LETTERS), "--agent", "fixed", "--epochs", "0"], "epochs=0: use a whole number"),
         (["resume", "somejob", "--only", "bogus"], "--only 'bogus'"),
         (["jobs", "--limit", "0"], "--limit must be at least 1"),
+        (["worker", "--max-concurrent", "0"], "--max-concurrent"),
         (["frobnicate"], "No such command"),
     ],
 )

@@ -1,11 +1,16 @@
-"""In-process workers hold what their batches ask for (``sdk.lifetime.lease_wide``): a batch
-joins a running worker only while its slots hold every leased batch's width, else another
-worker starts on the same key; giving a lease back frees its width."""
+"""In-process workers hold what their batches ask for (``sdk.lifetime.lease_wide``). temporalio
+allows one worker per queue in a process, so: a batch joins the running worker while its slots
+hold every leased batch's width; an idle worker too narrow for the next batch (in a
+``session()``) is replaced by a wider one; one that other batches still use stays, with one
+``CapacityWarning`` naming the knob, never a silent cap."""
 
 from __future__ import annotations
 
 import asyncio
 
+import pytest
+
+from durable_rollouts.capacity import CapacityWarning
 from durable_rollouts.sdk import lifetime
 
 
@@ -21,26 +26,42 @@ class FakeWorker:
         self.stop.set()
 
 
-async def test_a_batch_wider_than_the_running_workers_free_slots_gets_a_worker_of_its_own() -> None:
+def _builder(built: list[FakeWorker], slots: int):
+    def make() -> FakeWorker:
+        built.append(FakeWorker(slots))
+        return built[-1]
+    return make
+
+
+async def test_batches_share_the_worker_while_its_slots_hold_their_widths() -> None:
     built: list[FakeWorker] = []
-
-    def build(slots: int):
-        def make() -> FakeWorker:
-            built.append(FakeWorker(slots))
-            return built[-1]
-        return make
-
     async with lifetime.session():
-        a = await lifetime.lease_wide("q", 1000, build(1500))
-        b = await lifetime.lease_wide("q", 400, build(500))  # 1000 + 400 fit in 1500
-        assert a.worker is b.worker and len(built) == 1
-        c = await lifetime.lease_wide("q", 1000, build(1500))  # 2400 would not: a second worker
-        assert c.worker is not a.worker and len(built) == 2 and c.worker.slots == 1500
-        await b.release()
-        d = await lifetime.lease_wide("q", 450, build(500))  # b's width was given back
-        assert d.worker is a.worker and len(built) == 2
-        queries = await lifetime.lease_wide("q", 0, build(500))  # no width: the first worker
-        assert queries.worker is a.worker
-        for lease in (a, c, d, queries):
+        a = await lifetime.lease_wide("q", 1000, _builder(built, 1500))
+        b = await lifetime.lease_wide("q", 400, _builder(built, 500))  # 1000 + 400 fit in 1500
+        queries = await lifetime.lease_wide("q", 0, _builder(built, 500))
+        assert a.worker is b.worker is queries.worker and len(built) == 1
+        for lease in (a, b, queries):
             await lease.release()
-    assert all(w.stop.is_set() for w in built)
+    assert built[0].stop.is_set()
+
+
+async def test_an_idle_worker_too_narrow_for_the_next_batch_is_replaced_by_a_wider_one() -> None:
+    built: list[FakeWorker] = []
+    async with lifetime.session():
+        narrow = await lifetime.lease_wide("q", 16, _builder(built, 500))
+        await narrow.release()  # the session keeps it running, idle
+        wide = await lifetime.lease_wide("q", 2000, _builder(built, 2500))
+        assert len(built) == 2 and built[0].stop.is_set() and wide.worker is built[1]
+        await wide.release()
+
+
+async def test_a_busy_worker_too_narrow_for_another_batch_warns_once_naming_the_knob() -> None:
+    built: list[FakeWorker] = []
+    async with lifetime.session():
+        running = await lifetime.lease_wide("q", 400, _builder(built, 500))
+        with pytest.warns(CapacityWarning, match=r"reaches at most 100 of its max_concurrent=2000") as caught:
+            wider = await lifetime.lease_wide("q", 2000, _builder(built, 2500))
+        assert len(caught) == 1 and "--max-concurrent" in str(caught[0].message)
+        assert wider.worker is running.worker and len(built) == 1  # one worker per queue
+        await wider.release()
+        await running.release()
