@@ -118,3 +118,19 @@ def test_an_unimportable_provider_on_a_worker_elsewhere_is_one_clear_error() -> 
     with pytest.raises(ConfigError, match="cannot import provider 'no_such_module:f'"):
         provider_from_spec(ProviderSpec(kind="callable", options={"handle": "gone",
                                                                    "path": "no_such_module:f"}))
+
+
+async def test_connect_takes_a_runtime_and_is_an_async_context_manager() -> None:
+    """Seed 000: ``client = await stack.enter_async_context(connect(addr))``."""
+    from durable_rollouts.sdk.client import connect
+
+    env = load_environment(str(GROUP_STATE), fresh=True)
+    async with serving(env) as server:
+        async with connect(Runtime(server.url)) as client:
+            assert client.connected and client.env.name == "group-state"
+        assert not client.connected  # the block closed it
+        plain = await connect(server.url)  # the awaited form still works
+        assert [t["id"] for t in await plain.list_tasks()] == ["probe"]
+        await plain.close()
+    with pytest.raises(ConfigError, match="takes a tcp:// url or a Runtime"):
+        connect(42)

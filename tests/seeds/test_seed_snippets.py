@@ -17,7 +17,7 @@ Not ported, and why:
   (needs a model); the CLI snippets (``hud init``, ``uv``) and Dockerfiles.
 - ``DockerRuntime(run_args=(...))`` as docker CLI args (ours takes the Docker SDK's keyword
   dict), ``ModalRuntime(image_name, image=)``, ``env.serve()``, ``EnvClient.manifest``/``hello()``
-  as a Manifest, ``connect(runtime)`` as a context manager, ``Agent`` with a HUD-style
+  as a Manifest, ``Agent`` with a HUD-style
   ``__init__`` (ours is a pydantic model): not built yet (README "Coming from HUD").
 - Seed 003 (lazy tasksets: ``REQUIRES_GROUP_ROLLOUTS``, ``NEEDS_CONTAINER``, the deriving replay
   taskset, staged conversations): not built yet.
