@@ -1,0 +1,43 @@
+"""The seeds' signatures that behave as written: Environment(capabilities=), Capability called
+with a name, Grade.from_dict, run.record(step) and run.prompt_messages."""
+
+from __future__ import annotations
+
+import pytest
+
+from durable_rollouts.capabilities import Capability
+from durable_rollouts.environment import Environment
+from durable_rollouts.eval import Grade, Run
+from durable_rollouts.models import Step
+
+
+def test_environment_publishes_the_capabilities_it_is_built_with() -> None:
+    tools = Capability.mcp(name="tools", url="http://127.0.0.1:9/mcp")
+    env = Environment(name="x", capabilities=[tools])
+    assert env.capabilities == [tools] and env.capability("tools") is tools
+    with pytest.raises(ValueError, match="has no url"):
+        Environment(name="y", capabilities=[tools.model_copy(update={"url": ""})])
+
+
+def test_a_capability_called_with_a_name_is_published_under_it() -> None:
+    shell = Capability.mcp(name="tools", url="http://127.0.0.1:9/mcp")
+    assert shell() is shell and shell("tools") is shell
+    renamed = shell("other")
+    assert renamed.name == "other" and renamed.url == shell.url and shell.name == "tools"
+
+
+def test_grade_from_dict_reads_a_grade_frame() -> None:
+    grade = Grade.from_dict({"score": 0.5, "info": {"k": 1}, "done": True})
+    assert (grade.reward, grade.info, grade.done) == (0.5, {"k": 1}, True)
+    with pytest.raises(ValueError, match="no numeric score"):
+        Grade.from_dict({"score": True})
+
+
+def test_run_record_and_prompt_messages() -> None:
+    run = Run(prompt={"prompt": "How many r's?"})
+    assert run.prompt_messages == [{"role": "user", "content": "How many r's?"}]
+    chat = Run(prompt={"prompt": [{"role": "system", "content": "be brief"}, "hi"]})
+    assert chat.prompt_messages == [{"role": "system", "content": "be brief"},
+                                    {"role": "user", "content": "hi"}]
+    run.record(Step(source="agent", messages=[{"role": "assistant", "content": "3"}]))
+    assert [s.source for s in run.trace.steps] == ["agent"]
