@@ -86,3 +86,18 @@ async def test_a_worker_elsewhere_imports_the_provider_by_path_and_exits_it_ther
         assert run.status == "failed" and "only exists in the process that started" in run.error
     finally:
         worker.stop()
+
+
+async def test_a_derived_taskset_runs_durably_with_its_lineage(client, task_queue) -> None:
+    from test_derived_taskset import CHAT, Continue, Talker
+
+    from durable_rollouts.sdk.derived import lineage
+    from durable_rollouts.sdk.direct import run_direct
+
+    first = await run_direct(Taskset.from_file(CHAT), Talker())
+    job = await Continue(first).run(Talker(), group=2, temporal=client, worker=True,
+                                    task_queue=task_queue)
+    assert len(job.runs) == 2 * 2 * 2 and {r.status for r in job.runs} == {"succeeded"}
+    assert {lineage(r.task)["job_id"] for r in job.runs} == {first.id}
+    assert {r.trace.content for r in job.runs if lineage(r.task)["anchor"] == "after"} == {
+        "turn 2 on tea", "turn 2 on rain"}
