@@ -40,6 +40,7 @@ __all__ = [
     "Capability",
     "Environment",
     "Template",
+    "declared_source",
     "normalize_grade",
 ]
 
@@ -297,6 +298,8 @@ class Environment:
         self.source = _caller_file()
         for capability in capabilities:  # published from the start (HUD's capabilities=)
             self.add_capability(capability)
+        if self.source is not None:
+            _DECLARED[name] = self.source
 
     # -- declarations --------------------------------------------------------------------------
 
@@ -421,6 +424,15 @@ class Environment:
             except Exception:
                 log.exception("shutdown hook %s failed", _hook_name(hook))
         self.started = False
+
+
+_DECLARED: dict[str, str] = {}  # env name -> the .py file that last declared an Environment of it
+
+
+def declared_source(name: str) -> str | None:
+    """The file that declared an Environment called ``name`` in this process, if any (seed 001's
+    default placement serves rows that name no file from their env's declaring file)."""
+    return _DECLARED.get(name)
 
 
 async def _call_hook(hook: Hook) -> None:

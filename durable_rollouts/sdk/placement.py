@@ -2,8 +2,9 @@
 
 ``runtime=None`` resolves as seed 001 lists: rows that name the ``.py`` file declaring their
 environment (a taskset loaded from ``.py`` source, or rows made by calling a template of an
-imported module: a template's rows carry its file) are served from that file, freshly per
-rollout (``LocalRuntime()``). Anything else is an error naming the forms to pass. Any other
+imported module: a template's rows carry its file), and rows naming an env that a module imported
+in this process declares, are served from that file, freshly per rollout (``LocalRuntime()``).
+Anything else is an error naming the forms to pass. Any other
 ``runtime`` goes through :func:`~.providers.callables.as_provider`.
 """
 
@@ -43,6 +44,11 @@ def resolve_placement(runtime: Any, rows: Iterable[Task]) -> DurableProvider:
 
 
 def _served_from_file(task: Task) -> bool:
+    from ..envserver.environment import declared_source  # lazily: only runtime=None needs it
+
     rows = [task] if task.verifier is None else [task, task.verifier]
-    return all(bool(r.source) and str(r.source).endswith(".py") and Path(str(r.source)).is_file()
-               for r in rows)
+    return all(_names_file(r) or declared_source(r.env) is not None for r in rows)
+
+
+def _names_file(task: Task) -> bool:
+    return bool(task.source) and str(task.source).endswith(".py") and Path(str(task.source)).is_file()

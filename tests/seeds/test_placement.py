@@ -83,7 +83,7 @@ async def test_runtime_none_serves_rows_from_their_env_file() -> None:
 
 
 async def test_runtime_none_with_rows_naming_no_file_names_the_forms() -> None:
-    rows = Taskset("bare", [Task(env="group-state", id="probe")])
+    rows = Taskset("bare", [Task(env="declared-nowhere", id="probe")])
     with pytest.raises(ConfigError, match=r"name no env.py file.*LocalRuntime\('env.py'\).*any \(task\)"):
         await run_direct(rows, FixedAgent(answer="x"))
 
@@ -134,3 +134,14 @@ async def test_connect_takes_a_runtime_and_is_an_async_context_manager() -> None
         await plain.close()
     with pytest.raises(ConfigError, match="takes a tcp:// url or a Runtime"):
         connect(42)
+
+
+async def test_runtime_none_serves_rows_naming_an_env_an_imported_module_declares() -> None:
+    """Seed 001: "rows naming envs declared in already-imported modules serve each env fresh
+    from its declaring file" (rows from JSON carry no source)."""
+    load_environment(str(ENVS / "letter_count.py"))  # the module is imported in this process
+    rows = Taskset("json-rows", [{"env": "letter-count", "id": "count_letter",
+                                  "args": {"word": "banana", "letter": "a"}}])
+    assert rows[0].source is None
+    job = await run_direct(rows, FixedAgent(answer="3"), group=2)
+    assert [r.grade.reward for r in job.runs] == [1.0, 1.0]

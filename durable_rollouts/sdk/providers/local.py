@@ -202,6 +202,7 @@ class LocalRuntime(DurableProvider):
 
     async def _environment_for(self, task: Task) -> Any:
         from ...envserver import Environment, load_environment
+        from ...envserver.environment import declared_source
         from ...hud_detect import is_hud_environment
 
         if self.factory is not None:
@@ -210,7 +211,8 @@ class LocalRuntime(DurableProvider):
                 env = await env
         else:
             has_file = bool(task.source and task.source.endswith(".py") and Path(task.source).is_file())
-            target = task.source if has_file else (self.path or task.source)
+            target = task.source if has_file else (self.path or task.source
+                                                   or declared_source(task.env))
             if not target:
                 raise ConfigError(f"LocalRuntime has no source and task {task.slug} names none")
             try:
