@@ -287,7 +287,7 @@ class Environment:
     """
 
     def __init__(self, name: str = "environment", *, version: str = "0.0.1",
-                 capabilities: typing.Sequence[Capability] = ()) -> None:
+                 capabilities: typing.Sequence[Capability] | None = None) -> None:
         self.name = name
         self.version = version
         self.templates: dict[str, Template] = {}
@@ -296,7 +296,7 @@ class Environment:
         self._capabilities: dict[str, Capability] = {}
         self.started = False
         self.source = _caller_file()
-        for capability in capabilities:  # published from the start (HUD's capabilities=)
+        for capability in capabilities or ():  # published from the start (HUD's capabilities=)
             self.add_capability(capability)
         if self.source is not None:
             _DECLARED[name] = self.source
