@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import importlib
 import inspect
 import json
 import logging
@@ -45,6 +46,8 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+
+SERVER = "durable_rollouts.envserver.server"  # its serve() runs Environment.serve
 
 T = TypeVar("T")
 
@@ -390,6 +393,14 @@ class Environment:
         return add_mcp(self, server, name=name, **kwargs)
 
     # -- lifecycle -----------------------------------------------------------------------------
+
+    async def serve(self, host: str = "127.0.0.1", port: int = 0, **options: Any) -> None:
+        """Serve this environment until cancelled (HUD's ``env.serve()``); prints
+        ``ROLLOUTS_SERVE_PORT=<port>`` once it accepts. Options as ``envserver.serve``."""
+        # The server builds on this module, so it is looked up by name when serving starts (as
+        # Taskset.run finds the Temporal layer): declaring an environment loads no server.
+        serve = importlib.import_module(SERVER).serve
+        await serve(self, host, port, **options)
 
     async def start(self) -> None:
         """Run the initialize hooks once; a failing hook raises ``EnvError`` naming it."""

@@ -41,3 +41,29 @@ def test_run_record_and_prompt_messages() -> None:
                                     {"role": "user", "content": "hi"}]
     run.record(Step(source="agent", messages=[{"role": "assistant", "content": "3"}]))
     assert [s.source for s in run.trace.steps] == ["agent"]
+
+
+async def test_env_serve_serves_until_cancelled(capsys: pytest.CaptureFixture[str]) -> None:
+    import asyncio
+
+    from durable_rollouts.sdk.client import connect
+
+    env = Environment(name="served")
+
+    @env.template()
+    async def hi():
+        answer = yield "hi"
+        yield 1.0
+
+    serving = asyncio.ensure_future(env.serve())
+    for _ in range(100):
+        await asyncio.sleep(0.05)
+        if "ROLLOUTS_SERVE_PORT=" in (out := capsys.readouterr().out):
+            break
+    port = int(out.split("ROLLOUTS_SERVE_PORT=")[1].split()[0])
+    async with connect(f"tcp://127.0.0.1:{port}") as client:
+        assert [t["id"] for t in await client.list_tasks()] == ["hi"]
+    serving.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await serving
+    assert not env.started
