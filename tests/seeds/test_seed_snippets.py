@@ -16,7 +16,7 @@ Not ported, and why:
 - Seed 002's desktop (``Xvfb``/``x11vnc``, not installed here) and the coding-agent cookbook
   (needs a model); the CLI snippets (``hud init``, ``uv``) and Dockerfiles.
 - ``DockerRuntime(run_args=(...))`` as docker CLI args (ours takes the Docker SDK's keyword
-  dict), ``ModalRuntime(image_name, image=)``, ``EnvClient.manifest``/``hello()``
+  dict), ``ModalRuntime(image=<modal.Image>)``, ``EnvClient.manifest``/``hello()``
   as a Manifest, ``Agent`` with a HUD-style
   ``__init__`` (ours is a pydantic model): not built yet (README "Coming from HUD").
 - Seed 003 (lazy tasksets: ``REQUIRES_GROUP_ROLLOUTS``, ``NEEDS_CONTAINER``, the deriving replay

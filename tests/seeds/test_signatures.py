@@ -67,3 +67,12 @@ async def test_env_serve_serves_until_cancelled(capsys: pytest.CaptureFixture[st
     with pytest.raises(asyncio.CancelledError):
         await serving
     assert not env.started
+
+
+def test_modal_runtime_takes_hud_s_image_name() -> None:
+    from durable_rollouts.errors import ConfigError
+    from durable_rollouts.sdk.providers.modal import ModalRuntime
+
+    assert ModalRuntime(image_name="my-env").spec() == ModalRuntime("my-env").spec()
+    with pytest.raises(ConfigError, match="modal.Image object is not supported"):
+        ModalRuntime(image=object())

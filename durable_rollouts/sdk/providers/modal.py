@@ -67,8 +67,15 @@ class ModalRuntime(DurableProvider):
         runtime_config: RuntimeConfig | dict[str, Any] | None = None,
         env_vars: dict[str, str] | None = None,
         gpu_type: str = "any",
+        image_name: str | None = None,
     ) -> None:
-        self.image = image
+        if image_name is not None and image is not None and image != image_name:
+            raise ConfigError("ModalRuntime: give the image name once (image_name= is HUD's name "
+                              "of the first argument; a modal.Image object is not supported)")
+        if image is not None and not isinstance(image, str):
+            raise ConfigError(f"ModalRuntime takes a published image name, not a "
+                              f"{type(image).__name__} (a modal.Image object is not supported)")
+        self.image = image if image is not None else image_name
         self.command = list(command) if command else None
         self.port = int(port)
         self.app_name = app_name
