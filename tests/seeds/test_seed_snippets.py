@@ -15,10 +15,11 @@ Not ported, and why:
 - Robots: ``hud.environment.robot`` (``RobotEndpoint``, ``MainThreadSimRunner``).
 - Seed 002's desktop (``Xvfb``/``x11vnc``, not installed here) and the coding-agent cookbook
   (needs a model); the CLI snippets (``hud init``, ``uv``) and Dockerfiles.
-- ``DockerRuntime(run_args=(...))`` as docker CLI args (ours takes the Docker SDK's keyword
-  dict), ``ModalRuntime(image=<modal.Image>)``, ``EnvClient.manifest``/``hello()``
-  as a Manifest, ``Agent`` with a HUD-style
-  ``__init__`` (ours is a pydantic model): not built yet (README "Coming from HUD").
+- ``ModalRuntime(image=<modal.Image>)``, ``EnvClient.manifest``/``hello()`` as a Manifest,
+  ``Agent`` with a HUD-style ``__init__`` (ours is a pydantic model): not built yet (README
+  "Coming from HUD"). The constructor signatures that are built (``DockerRuntime(run_args=(...))``,
+  ``ModalRuntime(image_name=)``, ``Environment(capabilities=)``, ``env.serve()``, ``connect``)
+  are checked in ``test_signatures.py``; running Docker or Modal is the providers' tests' job.
 - Seed 003 (lazy tasksets: ``REQUIRES_GROUP_ROLLOUTS``, ``NEEDS_CONTAINER``, the deriving replay
   taskset, staged conversations): not built yet.
 - Seed 002's ``Mount`` workspace is declared here but not served: it needs ``/data`` and

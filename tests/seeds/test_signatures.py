@@ -76,3 +76,23 @@ def test_modal_runtime_takes_hud_s_image_name() -> None:
     assert ModalRuntime(image_name="my-env").spec() == ModalRuntime("my-env").spec()
     with pytest.raises(ConfigError, match="modal.Image object is not supported"):
         ModalRuntime(image=object())
+
+
+def test_docker_runtime_takes_docker_run_arguments_as_hud_writes_them() -> None:
+    from durable_rollouts.errors import ConfigError
+    from durable_rollouts.sdk.providers.docker import DockerRuntime
+
+    runtime = DockerRuntime("my-env", run_args=(
+        "--shm-size=2g", "-e", "MODE=fast", "--cpus", "1.5", "-v", "/data:/data:ro",
+        "--tmpfs", "/scratch:size=64m", "--read-only", "--sysctl", "net.core.somaxconn=1024"))
+    assert runtime.run_args == {
+        "shm_size": "2g", "nano_cpus": 1_500_000_000, "volumes": {"/data": {"bind": "/data", "mode": "ro"}},
+        "tmpfs": {"/scratch": "size=64m"}, "read_only": True, "sysctls": {"net.core.somaxconn": "1024"}}
+    assert runtime.env_vars == {"MODE": "fast"}
+    assert DockerRuntime.from_options(runtime.spec().options).run_args == runtime.run_args
+    with pytest.raises(ConfigError, match="may not set privileged"):
+        DockerRuntime("my-env", run_args=("--privileged",))
+    with pytest.raises(ConfigError, match=r"'--gpus' has no translation.*resources.gpu"):
+        DockerRuntime("my-env", run_args=("--gpus", "all"))
+    with pytest.raises(ConfigError, match="'--shm-size' needs a value"):
+        DockerRuntime("my-env", run_args=("--shm-size",))
