@@ -47,6 +47,7 @@ from ..protocol import (
 )
 from ..streams import open_stream, pipe
 from .capabilities import close_capability, find_binding, open_capability
+from .manifest import Manifest
 
 __all__ = ["EnvClient", "connect", "parse_url"]
 
@@ -116,6 +117,7 @@ class EnvClient:
         self.server: ServerKind = "rollouts"  # "hud": a HUD v6 server (its hello reply names no protocol)
         self.env: EnvInfo | None = None
         self.bindings: list[dict[str, Any]] = []
+        self.manifest: Manifest | None = None  # the hello reply, as HUD's client has it
         self._stream: _Stream | None = stream
         self._lock = asyncio.Lock()
         self._next_id = 0
@@ -185,6 +187,7 @@ class EnvClient:
         self.session_id = info.session_id
         self.env = info.env
         self.bindings = info.bindings
+        self.manifest = Manifest.from_hello(result, info.session_id, info.env, info.bindings)
         await self._start_forwarders()
         return result
 

@@ -128,6 +128,9 @@ async def test_connect_takes_a_runtime_and_is_an_async_context_manager() -> None
     async with serving(env) as server:
         async with connect(Runtime(server.url)) as client:
             assert client.connected and client.env.name == "group-state"
+            manifest = client.manifest  # seed 002: the hello reply as a Manifest
+            assert manifest.session_id == client.session_id and manifest.protocol_version
+            assert manifest.server_info.name == "group-state" and manifest.bindings == []
         assert not client.connected  # the block closed it
         plain = await connect(server.url)  # the awaited form still works
         assert [t["id"] for t in await plain.list_tasks()] == ["probe"]

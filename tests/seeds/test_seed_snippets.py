@@ -15,8 +15,8 @@ Not ported, and why:
 - Robots: ``hud.environment.robot`` (``RobotEndpoint``, ``MainThreadSimRunner``).
 - Seed 002's desktop (``Xvfb``/``x11vnc``, not installed here) and the coding-agent cookbook
   (needs a model); the CLI snippets (``hud init``, ``uv``) and Dockerfiles.
-- ``ModalRuntime(image=<modal.Image>)``, ``EnvClient.manifest``/``hello()`` as a Manifest,
-  ``Agent`` with a HUD-style ``__init__`` (ours is a pydantic model): not built yet (README
+- ``ModalRuntime(image=<modal.Image>)``, ``hello()`` returning a Manifest (``client.manifest``
+  is one), ``Agent`` with a HUD-style ``__init__`` (ours is a pydantic model): not built yet (README
   "Coming from HUD"). The constructor signatures that are built (``DockerRuntime(run_args=(...))``,
   ``ModalRuntime(image_name=)``, ``Environment(capabilities=)``, ``env.serve()``, ``connect``)
   are checked in ``test_signatures.py``; running Docker or Modal is the providers' tests' job.
