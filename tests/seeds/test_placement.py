@@ -148,3 +148,11 @@ async def test_runtime_none_serves_rows_naming_an_env_an_imported_module_declare
     assert rows[0].source is None
     job = await run_direct(rows, FixedAgent(answer="3"), group=2)
     assert [r.grade.reward for r in job.runs] == [1.0, 1.0]
+
+
+def test_the_cli_runtime_specs_for_per_rollout_and_shared_local() -> None:
+    from durable_rollouts.cli.specs import parse_runtime
+
+    fresh, shared = parse_runtime(f"local:{GROUP_STATE}"), parse_runtime(f"local-shared:{GROUP_STATE}")
+    assert not fresh.shared and shared.shared and shared.path == fresh.path == str(GROUP_STATE)
+    assert shared.spec().options["shared"] is True and "shared" not in fresh.spec().options
