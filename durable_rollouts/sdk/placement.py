@@ -15,12 +15,12 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError
-from ..models import Task
+from ..models import ProviderSpec, Task
 from .providers.base import DurableProvider
 from .providers.callables import as_provider
 from .providers.local import LocalRuntime
 
-__all__ = ["resolve_placement"]
+__all__ = ["check_remote_provider", "resolve_placement"]
 
 FORMS = ("runtime=LocalRuntime('env.py'), SubprocessRuntime('env.py'), DockerRuntime(image), "
          "Runtime('tcp://host:port'), or any (task) -> async context manager yielding a Runtime")
@@ -41,6 +41,17 @@ def resolve_placement(runtime: Any, rows: Iterable[Task]) -> DurableProvider:
         raise ConfigError(f"no runtime given and row(s) {shown} name no env.py file to serve "
                           f"them from; pass {FORMS}")
     return LocalRuntime()
+
+
+def check_remote_provider(spec: ProviderSpec) -> None:
+    """Raise ConfigError when ``spec`` is a process-local handle (a lambda, a closure, a live
+    Environment) and the batch has no worker in this process to use it."""
+    local_only = ((spec.kind == "callable" and not spec.options.get("path"))
+                  or (spec.kind == "local" and "instance" in spec.options))
+    if local_only:
+        raise ConfigError("the runtime is a lambda, a closure or a live Environment that only "
+                          "exists in this process, and this batch runs on workers elsewhere: "
+                          "pass an env file path or a module-level provider (module:attr)")
 
 
 def _served_from_file(task: Task) -> bool:

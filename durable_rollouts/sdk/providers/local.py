@@ -102,7 +102,7 @@ class LocalRuntime(DurableProvider):
 
     # -- spec -----------------------------------------------------------------------------
 
-    def spec(self) -> ProviderSpec:
+    def _portable_spec(self) -> ProviderSpec:
         if self.live is not None:
             raise ConfigError(
                 "LocalRuntime(Environment object) cannot be sent to a worker: pass the path of "
@@ -124,10 +124,12 @@ class LocalRuntime(DurableProvider):
             options["source"] = self.path
         return ProviderSpec(kind=self.kind, options=options)
 
-    def _endpoint_spec(self) -> ProviderSpec:
-        """The spec stored in endpoints: a process-local handle when there is no real spec."""
+    def spec(self) -> ProviderSpec:
+        """The env file (or factory path) workers load; a process-local handle for a live
+        Environment or a lambda: workers in this process use the object itself, workers
+        elsewhere fail with one clear error (``from_options``)."""
         try:
-            return self.spec()
+            return self._portable_spec()
         except ConfigError:
             if self._handle is None:
                 self._handle = uuid.uuid4().hex
@@ -139,8 +141,9 @@ class LocalRuntime(DurableProvider):
         if "instance" in options:
             found = _INSTANCES.get(options["instance"])
             if found is None:
-                raise ConfigError("this LocalRuntime serves a live object that only exists in the "
-                                  "process that created it; pass the env file path instead")
+                raise ConfigError("this LocalRuntime serves a live Environment or a lambda that "
+                                  "only exists in the process that started the batch, and this "
+                                  "worker is elsewhere; pass the env file path instead")
             return found
         kw = {"env_name": options.get("env_name"), "ready_timeout": options.get("ready_timeout", 60.0),
               "shared": bool(options.get("shared", False))}
@@ -172,7 +175,7 @@ class LocalRuntime(DurableProvider):
         # keep: only this process serves it, so each step may leave its connection open for the
         # rollout's next one (``sdk.kept``).
         return Endpoint(url=served.url, params={"keep": True}, config=task.runtime_config,
-                        provider=self._endpoint_spec(), key=key, handle={"pid": os.getpid()})
+                        provider=self.spec(), key=key, handle={"pid": os.getpid()})
 
     async def release(self, endpoint: Endpoint) -> None:
         served = _BY_KEY.pop(endpoint.key, None)
