@@ -30,7 +30,7 @@ __all__ = [
 ]
 
 RUNTIME_KINDS = (
-    "local[:ENV.py], subprocess[:ENV.py], docker:IMAGE, modal:IMAGE, daytona:SNAPSHOT, hud[:ENV], "
+    "local[:ENV.py], local-shared[:ENV.py], subprocess[:ENV.py], docker:IMAGE, modal:IMAGE, daytona:SNAPSHOT, hud[:ENV], "
     "ssh://USER@HOST[:PORT]/WORKDIR, tcp://HOST:PORT, or MODULE:ATTR (any provider callable)"
 )
 
@@ -210,6 +210,8 @@ def parse_runtime(spec: str) -> Any:
     kind, _, rest = spec.partition(":")
     if kind == "local":
         return LocalRuntime(_env_file(rest, kind))
+    if kind == "local-shared":  # one server per env for all of a worker's rollouts
+        return LocalRuntime(_env_file(rest, kind), shared=True)
     if kind == "subprocess":
         return SubprocessRuntime(_env_file(rest, kind))
     if kind == "docker":

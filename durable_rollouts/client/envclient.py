@@ -47,6 +47,7 @@ from ..protocol import (
 )
 from ..streams import open_stream, pipe
 from .capabilities import close_capability, find_binding, open_capability
+from .manifest import Manifest
 
 __all__ = ["EnvClient", "connect", "parse_url"]
 
@@ -116,6 +117,7 @@ class EnvClient:
         self.server: ServerKind = "rollouts"  # "hud": a HUD v6 server (its hello reply names no protocol)
         self.env: EnvInfo | None = None
         self.bindings: list[dict[str, Any]] = []
+        self.manifest: Manifest | None = None  # the hello reply, as HUD's client has it
         self._stream: _Stream | None = stream
         self._lock = asyncio.Lock()
         self._next_id = 0
@@ -185,6 +187,7 @@ class EnvClient:
         self.session_id = info.session_id
         self.env = info.env
         self.bindings = info.bindings
+        self.manifest = Manifest.from_hello(result, info.session_id, info.env, info.bindings)
         await self._start_forwarders()
         return result
 
@@ -356,7 +359,39 @@ def _rewrite(url: str, port: int) -> str:
     return urlunsplit((parts.scheme, f"{user}127.0.0.1:{port}", parts.path, parts.query, parts.fragment))
 
 
-async def connect(
+def connect(target: Any, **options: Any) -> _Connecting:
+    """Connect to ``target`` (a ``tcp://`` url, or a ``Runtime``: its url and token) and say
+    ``hello``: ``client = await connect(url)``, or ``async with connect(runtime) as client``
+    (seed 000's form: the block closes the client). Options as :func:`_connect`."""
+    url = target if isinstance(target, str) else getattr(target, "url", None)
+    if not isinstance(url, str):
+        raise ConfigError(f"connect() takes a tcp:// url or a Runtime, not {type(target).__name__}")
+    token = (getattr(target, "params", None) or {}).get("token")
+    if token is not None and "token" not in options:
+        options["token"] = token
+    return _Connecting(_connect(url, **options))
+
+
+class _Connecting:
+    """What :func:`connect` returns: awaitable (the client) and an async context manager."""
+
+    def __init__(self, connecting: Any) -> None:
+        self._connecting = connecting
+        self._client: EnvClient | None = None
+
+    def __await__(self) -> Any:
+        return self._connecting.__await__()
+
+    async def __aenter__(self) -> EnvClient:
+        self._client = await self._connecting
+        return self._client
+
+    async def __aexit__(self, *exc: Any) -> None:
+        if self._client is not None:
+            await self._client.close()
+
+
+async def _connect(
     url: str,
     *,
     ready_timeout: float = 60.0,

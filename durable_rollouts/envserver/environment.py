@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import importlib
 import inspect
 import json
 import logging
@@ -40,10 +41,13 @@ __all__ = [
     "Capability",
     "Environment",
     "Template",
+    "declared_source",
     "normalize_grade",
 ]
 
 log = logging.getLogger(__name__)
+
+SERVER = "durable_rollouts.envserver.server"  # its serve() runs Environment.serve
 
 T = TypeVar("T")
 
@@ -286,7 +290,7 @@ class Environment:
     """
 
     def __init__(self, name: str = "environment", *, version: str = "0.0.1",
-                 capabilities: typing.Sequence[Capability] = ()) -> None:
+                 capabilities: typing.Sequence[Capability] | None = None) -> None:
         self.name = name
         self.version = version
         self.templates: dict[str, Template] = {}
@@ -295,8 +299,10 @@ class Environment:
         self._capabilities: dict[str, Capability] = {}
         self.started = False
         self.source = _caller_file()
-        for capability in capabilities:  # published from the start (HUD's capabilities=)
+        for capability in capabilities or ():  # published from the start (HUD's capabilities=)
             self.add_capability(capability)
+        if self.source is not None:
+            _DECLARED[name] = self.source
 
     # -- declarations --------------------------------------------------------------------------
 
@@ -388,6 +394,14 @@ class Environment:
 
     # -- lifecycle -----------------------------------------------------------------------------
 
+    async def serve(self, host: str = "127.0.0.1", port: int = 0, **options: Any) -> None:
+        """Serve this environment until cancelled (HUD's ``env.serve()``); prints
+        ``ROLLOUTS_SERVE_PORT=<port>`` once it accepts. Options as ``envserver.serve``."""
+        # The server builds on this module, so it is looked up by name when serving starts (as
+        # Taskset.run finds the Temporal layer): declaring an environment loads no server.
+        serve = importlib.import_module(SERVER).serve
+        await serve(self, host, port, **options)
+
     async def start(self) -> None:
         """Run the initialize hooks once; a failing hook raises ``EnvError`` naming it."""
         if self.started:
@@ -421,6 +435,15 @@ class Environment:
             except Exception:
                 log.exception("shutdown hook %s failed", _hook_name(hook))
         self.started = False
+
+
+_DECLARED: dict[str, str] = {}  # env name -> the .py file that last declared an Environment of it
+
+
+def declared_source(name: str) -> str | None:
+    """The file that declared an Environment called ``name`` in this process, if any (seed 001's
+    default placement serves rows that name no file from their env's declaring file)."""
+    return _DECLARED.get(name)
 
 
 async def _call_hook(hook: Hook) -> None:

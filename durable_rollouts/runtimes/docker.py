@@ -22,7 +22,7 @@ import logging
 import socket
 import threading
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, ClassVar
 
 from ..errors import ConfigError, ProviderError, ReadyTimeoutError
@@ -39,6 +39,7 @@ from .base import (
     merge_config,
     probe_ready,
 )
+from .docker_args import parse_run_args
 from .docker_substrates import force_remove, labelled_containers
 
 __all__ = ["DockerRuntime", "container_name"]
@@ -78,7 +79,9 @@ class DockerRuntime(DurableProvider):
         port: the port the env serves on inside the container.
         run_args: extra keyword arguments for ``containers.run`` (e.g. ``{"read_only": False}``
             for images that need a writable root, ``network_mode``, ``volumes``); keys that would
-            grant privileges or break the bookkeeping are rejected.
+            grant privileges or break the bookkeeping are rejected. A tuple of ``docker run``
+            arguments (HUD's form, e.g. ``("--shm-size=2g", "-e", "K=V")``) is translated
+            (``docker_args``).
         runtime_config: defaults for every task; a task's own ``runtime_config`` fields win.
         env_vars: extra container environment (never task data: tasks go over the socket).
         max_provisions_per_s, max_substrates: fleet-wide admission of new substrates, held
@@ -98,7 +101,7 @@ class DockerRuntime(DurableProvider):
         image: str | None = None,
         *,
         port: int = 8765,
-        run_args: dict[str, Any] | None = None,
+        run_args: dict[str, Any] | Sequence[str] | None = None,
         runtime_config: RuntimeConfig | dict[str, Any] | None = None,
         env_vars: dict[str, str] | None = None,
         max_provisions_per_s: float | None = None,
@@ -107,13 +110,16 @@ class DockerRuntime(DurableProvider):
         self.admit(max_provisions_per_s, max_substrates)
         self.image = image
         self.port = int(port)
+        extra_env: dict[str, str] = {}
+        if run_args is not None and not isinstance(run_args, dict):  # HUD's docker CLI args
+            run_args, extra_env = parse_run_args(run_args)
         self.run_args = dict(run_args or {})
         self.runtime_config = (
             RuntimeConfig.model_validate(runtime_config)
             if isinstance(runtime_config, dict)
             else runtime_config
         )
-        self.env_vars = {str(k): str(v) for k, v in (env_vars or {}).items()}
+        self.env_vars = {str(k): str(v) for k, v in {**extra_env, **(env_vars or {})}.items()}
         bad = sorted(set(self.run_args) & _FORBIDDEN_RUN_ARGS)
         if bad:
             raise ConfigError(f"DockerRuntime run_args may not set {', '.join(bad)}")

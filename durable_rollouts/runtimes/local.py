@@ -106,7 +106,7 @@ class LocalRuntime(DurableProvider):
 
     # -- spec -----------------------------------------------------------------------------
 
-    def spec(self) -> ProviderSpec:
+    def _portable_spec(self) -> ProviderSpec:
         if self.live is not None:
             raise ConfigError(
                 "LocalRuntime(Environment object) cannot be sent to a worker: pass the path of "
@@ -128,10 +128,12 @@ class LocalRuntime(DurableProvider):
             options["source"] = self.path
         return ProviderSpec(kind=self.kind, options=options)
 
-    def _endpoint_spec(self) -> ProviderSpec:
-        """The spec stored in endpoints: a process-local handle when there is no real spec."""
+    def spec(self) -> ProviderSpec:
+        """The env file (or factory path) workers load; a process-local handle for a live
+        Environment or a lambda: workers in this process use the object itself, workers
+        elsewhere fail with one clear error (``from_options``)."""
         try:
-            return self.spec()
+            return self._portable_spec()
         except ConfigError:
             if self._handle is None:
                 self._handle = uuid.uuid4().hex
@@ -143,8 +145,9 @@ class LocalRuntime(DurableProvider):
         if "instance" in options:
             found = _INSTANCES.get(options["instance"])
             if found is None:
-                raise ConfigError("this LocalRuntime serves a live object that only exists in the "
-                                  "process that created it; pass the env file path instead")
+                raise ConfigError("this LocalRuntime serves a live Environment or a lambda that "
+                                  "only exists in the process that started the batch, and this "
+                                  "worker is elsewhere; pass the env file path instead")
             return found
         kw = {"env_name": options.get("env_name"), "ready_timeout": options.get("ready_timeout", 60.0),
               "shared": bool(options.get("shared", False))}
@@ -176,7 +179,7 @@ class LocalRuntime(DurableProvider):
         # keep: only this process serves it, so each step may leave its connection open for the
         # rollout's next one (``sdk.kept``).
         return Endpoint(url=served.url, params={"keep": True}, config=task.runtime_config,
-                        provider=self._endpoint_spec(), key=key, handle={"pid": os.getpid()})
+                        provider=self.spec(), key=key, handle={"pid": os.getpid()})
 
     async def release(self, endpoint: Endpoint) -> None:
         served = _BY_KEY.pop(endpoint.key, None)
@@ -206,6 +209,7 @@ class LocalRuntime(DurableProvider):
 
     async def _environment_for(self, task: Task) -> Any:
         from ..envserver import Environment
+        from ..envserver.environment import declared_source
         from ..envserver.loader import load_environment_async
         from ..hud_detect import is_hud_environment
 
@@ -215,7 +219,8 @@ class LocalRuntime(DurableProvider):
                 env = await env
         else:
             has_file = bool(task.source and task.source.endswith(".py") and Path(task.source).is_file())
-            target = task.source if has_file else (self.path or task.source)
+            target = task.source if has_file else (self.path or task.source
+                                                   or declared_source(task.env))
             if not target:
                 raise ConfigError(f"LocalRuntime has no source and task {task.slug} names none")
             try:

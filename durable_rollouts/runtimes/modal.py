@@ -71,9 +71,16 @@ class ModalRuntime(DurableProvider):
         gpu_type: str = "any",
         max_provisions_per_s: float | None = None,
         max_substrates: int | None = None,
+        image_name: str | None = None,
     ) -> None:
         self.admit(max_provisions_per_s, max_substrates)
-        self.image = image
+        if image_name is not None and image is not None and image != image_name:
+            raise ConfigError("ModalRuntime: give the image name once (image_name= is HUD's name "
+                              "of the first argument; a modal.Image object is not supported)")
+        if image is not None and not isinstance(image, str):
+            raise ConfigError(f"ModalRuntime takes a published image name, not a "
+                              f"{type(image).__name__} (a modal.Image object is not supported)")
+        self.image = image if image is not None else image_name
         self.command = list(command) if command else None
         self.port = int(port)
         self.app_name = app_name

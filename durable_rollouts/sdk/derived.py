@@ -8,9 +8,10 @@ A subclass of :class:`DerivedTaskset` implements two hooks:
   the saved conversation up to it, as the row's args).
 
 Rows are light stubs, one per (saved rollout, anchor); ``resolve_task`` (once per group, so a
-group's members share one derived task) calls ``build_prompt`` then, not before. Every derived
-task carries its lineage in ``columns["lineage"]`` (the source job, rollout, anchor and depth),
-and a rollout that was itself derived is not derived again unless ``chain=True``. Imports the
+group's members share one derived task) calls ``build_prompt`` then, not before. Every row and
+derived task carries its lineage in ``columns["lineage"]`` (the source job, rollout, anchor,
+which must be a JSON value, and depth), and a rollout that was itself derived is not derived
+again unless ``chain=True``. Imports the
 sdk's taskset and saved-rollout modules only.
 """
 
@@ -64,10 +65,12 @@ class DerivedTaskset(Taskset):
             parent = lineage(rollout.task)
             if parent is not None and not chain:
                 continue
-            for index, anchor in enumerate(self.record_anchors(rollout)):
+            depth = int(parent.get("depth", 0)) + 1 if parent else 1
+            for anchor in self.record_anchors(rollout):
                 slug = f"{rollout.task.slug}-d{len(stubs)}"
-                stubs.append(rollout.task.model_copy(update={"slug": slug}))
-                depth = int(parent.get("depth", 0)) + 1 if parent else 1
+                stamp = {"job_id": rollout.job_id, "rollout_id": rollout.rollout_id,
+                         "anchor": anchor, "depth": depth, "taskset": name or type(self).__name__}
+                stubs.append(_stamped(rollout.task.model_copy(update={"slug": slug}), stamp))
                 self._sources[slug] = (rollout, anchor, depth)
         if not stubs:
             raise ConfigError(f"{type(self).__name__}: no saved rollout offers an anchor to derive "
@@ -91,21 +94,23 @@ class DerivedTaskset(Taskset):
         found = self._sources.get(task.slug)
         if found is None:  # not one of ours (a row added by a subclass): as it is
             return task
-        saved, anchor, depth = found
+        saved, anchor, _ = found
         built = self.build_prompt(saved, anchor)
         if inspect.isawaitable(built):
             built = await built
         if not isinstance(built, Task):
             raise ConfigError(f"{type(self).__name__}.build_prompt returned "
                               f"{type(built).__name__}, not a Task")
-        stamp = {"job_id": saved.job_id, "rollout_id": saved.rollout_id, "anchor": anchor,
-                 "depth": depth, "taskset": self.name}
-        return built.model_copy(update={"columns": {**(built.columns or {}), LINEAGE: stamp}})
+        return _stamped(built, lineage(task) or {})
 
     def source_of(self, task: Task) -> SavedRollout | None:
         """The saved rollout a row (stub) derives from."""
         found = self._sources.get(task.slug)
         return found[0] if found else None
+
+
+def _stamped(task: Task, stamp: dict[str, Any]) -> Task:
+    return task.model_copy(update={"columns": {**(task.columns or {}), LINEAGE: stamp}})
 
 
 def _saved(source: Any) -> list[SavedRollout]:

@@ -2,8 +2,9 @@
 
 ``runtime=None`` resolves as seed 001 lists: rows that name the ``.py`` file declaring their
 environment (a taskset loaded from ``.py`` source, or rows made by calling a template of an
-imported module: a template's rows carry its file) are served from that file, freshly per
-rollout (``LocalRuntime()``). Anything else is an error naming the forms to pass. Any other
+imported module: a template's rows carry its file), and rows naming an env that a module imported
+in this process declares, are served from that file, freshly per rollout (``LocalRuntime()``).
+Anything else is an error naming the forms to pass. Any other
 ``runtime`` goes through :func:`~.providers.callables.as_provider`.
 """
 
@@ -14,12 +15,12 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError
-from ..models import Task
+from ..models import ProviderSpec, Task
 from ..runtimes.base import DurableProvider
 from ..runtimes.callables import as_provider
 from ..runtimes.local import LocalRuntime
 
-__all__ = ["resolve_placement"]
+__all__ = ["check_remote_provider", "resolve_placement"]
 
 FORMS = ("runtime=LocalRuntime('env.py'), SubprocessRuntime('env.py'), DockerRuntime(image), "
          "Runtime('tcp://host:port'), or any (task) -> async context manager yielding a Runtime")
@@ -42,7 +43,23 @@ def resolve_placement(runtime: Any, rows: Iterable[Task]) -> DurableProvider:
     return LocalRuntime()
 
 
+def check_remote_provider(spec: ProviderSpec) -> None:
+    """Raise ConfigError when ``spec`` is a process-local handle (a lambda, a closure, a live
+    Environment) and the batch has no worker in this process to use it."""
+    local_only = ((spec.kind == "callable" and not spec.options.get("path"))
+                  or (spec.kind == "local" and "instance" in spec.options))
+    if local_only:
+        raise ConfigError("the runtime is a lambda, a closure or a live Environment that only "
+                          "exists in this process, and this batch runs on workers elsewhere: "
+                          "pass an env file path or a module-level provider (module:attr)")
+
+
 def _served_from_file(task: Task) -> bool:
+    from ..envserver.environment import declared_source  # lazily: only runtime=None needs it
+
     rows = [task] if task.verifier is None else [task, task.verifier]
-    return all(bool(r.source) and str(r.source).endswith(".py") and Path(str(r.source)).is_file()
-               for r in rows)
+    return all(_names_file(r) or declared_source(r.env) is not None for r in rows)
+
+
+def _names_file(task: Task) -> bool:
+    return bool(task.source) and str(task.source).endswith(".py") and Path(str(task.source)).is_file()

@@ -33,6 +33,7 @@ from durable_rollouts.models import Task
 from durable_rollouts.release import MEMO_KEY, release_name
 from durable_rollouts.sdk import lifetime
 from durable_rollouts.sdk.agents import as_agent, check_remote
+from durable_rollouts.sdk.placement import check_remote_provider
 from durable_rollouts.sdk.job import Job, mark_dropped
 from durable_rollouts.sdk.run import Run
 from durable_rollouts.stores.tracestore import TraceStore
@@ -262,6 +263,7 @@ async def start_job(taskset: Any, agent: Any, *, runtime: Any, group: int | None
         relet = functools.partial(_ensure_worker, client, queue, max_concurrent)
     else:
         check_remote(agent_spec)  # the agent must import on workers outside this process
+        check_remote_provider(provider_spec)  # ... and the runtime must reach them
     lease = await relet() if relet is not None else None
     try:
         handle = await _start(taskset, agent_spec, provider_spec, runtime, rows, client, queue, group=group,

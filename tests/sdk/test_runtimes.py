@@ -55,9 +55,13 @@ def test_specs_rebuild_equal_providers() -> None:
         provider_from_spec(ProviderSpec(kind="teleport"))
 
 
-def test_a_live_environment_cannot_become_a_spec() -> None:
-    with pytest.raises(ConfigError, match="pass the path"):
-        LocalRuntime(live_env).spec()
+def test_a_live_environment_becomes_a_spec_only_this_process_can_use() -> None:
+    runtime = LocalRuntime(live_env)
+    spec = runtime.spec()
+    assert set(spec.options) == {"instance"}
+    assert provider_from_spec(spec) is runtime  # an in-process worker uses the object itself
+    with pytest.raises(ConfigError, match="pass the env file path"):  # a worker elsewhere
+        provider_from_spec(ProviderSpec(kind="local", options={"instance": "from-elsewhere"}))
 
 
 async def test_a_live_environment_still_runs_in_process() -> None:

@@ -80,9 +80,46 @@ async def test_a_worker_elsewhere_imports_the_provider_by_path_and_exits_it_ther
         assert sorted(e for _, e in lines) == ["enter probe"] * 2 + ["exit probe"] * 2
         assert {int(pid) for pid, _ in lines} == {worker.pid}  # entered and exited there
 
-        lost = await group_state().run(FixedAgent(answer="x"), runtime=lambda task: None,
-                                       temporal=client, worker=False, task_queue=task_queue)
-        run = lost.runs[0]
-        assert run.status == "failed" and "only exists in the process that started" in run.error
+        from durable_rollouts.errors import ConfigError
+
+        with pytest.raises(ConfigError, match="only exists in this process"):  # before it starts
+            await group_state().run(FixedAgent(answer="x"), runtime=lambda task: None,
+                                    temporal=client, worker=False, task_queue=task_queue)
     finally:
         worker.stop()
+
+
+async def test_a_derived_taskset_runs_durably_with_its_lineage(client, task_queue) -> None:
+    from test_derived_taskset import CHAT, Continue, Talker
+
+    from durable_rollouts.sdk.derived import lineage
+    from durable_rollouts.sdk.direct import run_direct
+
+    first = await run_direct(Taskset.from_file(CHAT), Talker())
+    job = await Continue(first).run(Talker(), group=2, temporal=client, worker=True,
+                                    task_queue=task_queue)
+    assert len(job.runs) == 2 * 2 * 2 and {r.status for r in job.runs} == {"succeeded"}
+    assert {lineage(r.task)["job_id"] for r in job.runs} == {first.id}
+    assert {r.trace.content for r in job.runs if lineage(r.task)["anchor"] == "after"} == {
+        "turn 2 on tea", "turn 2 on rain"}
+
+
+async def test_a_live_environment_and_a_builder_lambda_run_durably_in_process(
+        client, task_queue) -> None:
+    """``LocalRuntime(env)`` and ``LocalRuntime(lambda task: ...)`` reach an in-process worker
+    as themselves; with workers elsewhere only, the batch is refused before it starts."""
+    from durable_rollouts.envserver.loader import load_environment
+    from durable_rollouts.errors import ConfigError
+
+    env = load_environment(str(GROUP_STATE), fresh=True)
+    live = await group_state().run(FixedAgent(answer="x"), runtime=LocalRuntime(env), group=2,
+                                   temporal=client, worker=True, task_queue=task_queue)
+    assert {r.grade.info["env"] for r in live.runs} == {id(env)}  # lent, one at a time
+    build = LocalRuntime(lambda task: load_environment(str(GROUP_STATE), fresh=True))
+    built = await group_state().run(FixedAgent(answer="x"), runtime=build, group=2,
+                                    temporal=client, worker=True, task_queue=task_queue)
+    assert [r.grade.info["inits"] for r in built.runs] == [1, 1]
+    assert len({r.grade.info["env"] for r in built.runs}) == 2
+    with pytest.raises(ConfigError, match="only exists in this process"):
+        await group_state().run(FixedAgent(answer="x"), runtime=build, temporal=client,
+                                worker=False, task_queue=task_queue)

@@ -83,7 +83,7 @@ async def test_runtime_none_serves_rows_from_their_env_file() -> None:
 
 
 async def test_runtime_none_with_rows_naming_no_file_names_the_forms() -> None:
-    rows = Taskset("bare", [Task(env="group-state", id="probe")])
+    rows = Taskset("bare", [Task(env="declared-nowhere", id="probe")])
     with pytest.raises(ConfigError, match=r"name no env.py file.*LocalRuntime\('env.py'\).*any \(task\)"):
         await run_direct(rows, FixedAgent(answer="x"))
 
@@ -118,3 +118,41 @@ def test_an_unimportable_provider_on_a_worker_elsewhere_is_one_clear_error() -> 
     with pytest.raises(ConfigError, match="cannot import provider 'no_such_module:f'"):
         provider_from_spec(ProviderSpec(kind="callable", options={"handle": "gone",
                                                                    "path": "no_such_module:f"}))
+
+
+async def test_connect_takes_a_runtime_and_is_an_async_context_manager() -> None:
+    """Seed 000: ``client = await stack.enter_async_context(connect(addr))``."""
+    from durable_rollouts.client.envclient import connect
+
+    env = load_environment(str(GROUP_STATE), fresh=True)
+    async with serving(env) as server:
+        async with connect(Runtime(server.url)) as client:
+            assert client.connected and client.env.name == "group-state"
+            manifest = client.manifest  # seed 002: the hello reply as a Manifest
+            assert manifest.session_id == client.session_id and manifest.protocol_version
+            assert manifest.server_info.name == "group-state" and manifest.bindings == []
+        assert not client.connected  # the block closed it
+        plain = await connect(server.url)  # the awaited form still works
+        assert [t["id"] for t in await plain.list_tasks()] == ["probe"]
+        await plain.close()
+    with pytest.raises(ConfigError, match="takes a tcp:// url or a Runtime"):
+        connect(42)
+
+
+async def test_runtime_none_serves_rows_naming_an_env_an_imported_module_declares() -> None:
+    """Seed 001: "rows naming envs declared in already-imported modules serve each env fresh
+    from its declaring file" (rows from JSON carry no source)."""
+    load_environment(str(ENVS / "letter_count.py"))  # the module is imported in this process
+    rows = Taskset("json-rows", [{"env": "letter-count", "id": "count_letter",
+                                  "args": {"word": "banana", "letter": "a"}}])
+    assert rows[0].source is None
+    job = await run_direct(rows, FixedAgent(answer="3"), group=2)
+    assert [r.grade.reward for r in job.runs] == [1.0, 1.0]
+
+
+def test_the_cli_runtime_specs_for_per_rollout_and_shared_local() -> None:
+    from durable_rollouts.cli.specs import parse_runtime
+
+    fresh, shared = parse_runtime(f"local:{GROUP_STATE}"), parse_runtime(f"local-shared:{GROUP_STATE}")
+    assert not fresh.shared and shared.shared and shared.path == fresh.path == str(GROUP_STATE)
+    assert shared.spec().options["shared"] is True and "shared" not in fresh.spec().options

@@ -15,14 +15,20 @@ Not ported, and why:
 - Robots: ``hud.environment.robot`` (``RobotEndpoint``, ``MainThreadSimRunner``).
 - Seed 002's desktop (``Xvfb``/``x11vnc``, not installed here) and the coding-agent cookbook
   (needs a model); the CLI snippets (``hud init``, ``uv``) and Dockerfiles.
-- ``DockerRuntime(run_args=(...))`` as docker CLI args (ours takes the Docker SDK's keyword
-  dict), ``ModalRuntime(image_name, image=)``, ``env.serve()``, ``EnvClient.manifest``/``hello()``
-  as a Manifest, ``connect(runtime)`` as a context manager, ``Agent`` with a HUD-style
-  ``__init__`` (ours is a pydantic model): not built yet (README "Coming from HUD").
+- ``ModalRuntime(image=<modal.Image>)``, ``hello()`` returning a Manifest (``client.manifest``
+  is one), ``Agent`` with a HUD-style ``__init__`` (ours is a pydantic model): not built yet (README
+  "Coming from HUD"). The constructor signatures that are built (``DockerRuntime(run_args=(...))``,
+  ``ModalRuntime(image_name=)``, ``Environment(capabilities=)``, ``env.serve()``, ``connect``)
+  are checked in ``test_signatures.py``; running Docker or Modal is the providers' tests' job.
 - Seed 003 (lazy tasksets: ``REQUIRES_GROUP_ROLLOUTS``, ``NEEDS_CONTAINER``, the deriving replay
   taskset, staged conversations): not built yet.
 - Seed 002's ``Mount`` workspace is declared here but not served: it needs ``/data`` and
-  ``/workspace`` on the host.
+  ``/workspace`` on the host. "Serve Custom Tools with FastMCP" binds the fixed port 8040 (a
+  shared test machine); the MCP example of seed 002 that picks a free port is ported instead.
+  "Environment Setup and Task Definition" grades with ``LLMJudgeGrader`` (a model); "Stateful
+  Environment" needs PostgreSQL; "Launch and Publish a Daemon" calls placeholders
+  (``start_daemon``); "Launch Chromium" needs Playwright's browser; ``trace.final`` and
+  ``AgentStep`` are not ours.
 """
 
 from __future__ import annotations
@@ -35,7 +41,7 @@ import pytest
 
 from durable_rollouts import Job, LocalRuntime, Runtime, Taskset
 from durable_rollouts.envserver import load_environment, serving
-from durable_rollouts.environment import Mount
+from durable_rollouts.environment import Environment, Mount
 from durable_rollouts.errors import ConfigError
 from durable_rollouts.sdk.agents import Agent, FixedAgent
 from durable_rollouts.sdk.direct import run_direct
@@ -95,6 +101,41 @@ def test_taskset_from_a_directory_loads_every_file(tmp_path: Path) -> None:
     assert {t.source for t in ts if t.env == "letter-count"} == {str(tmp_path / "letter_count.py")}
     with pytest.raises(ConfigError, match="duplicate task slug 'write_note-"):
         Taskset.from_file(ENVS)  # two files declare the same task
+
+
+class ToolAgent(Agent):
+    """Calls the MCP tool the environment publishes and answers with its result."""
+
+    async def __call__(self, run: Run) -> None:
+        mcp = await run.open("tools")
+        result = await mcp.call_tool("do_thing", {"x": 42})
+        run.trace.content = str(result.data)
+
+
+async def test_seed_002_mcp_capability_serves_its_tool_to_each_rollout() -> None:
+    ts = Taskset.from_file(ENVS / "mcp_capability.py")
+    job = await run_direct(ts, ToolAgent(), group=2)  # each member its own tool server
+    assert [(r.status, r.grade.reward, r.trace.content) for r in job.runs] == [
+        ("succeeded", 1.0, "result: 42")] * 2
+
+
+async def test_seed_002_a_task_returning_an_integer_gets_an_answer_of_int() -> None:
+    job = await run_direct(Taskset.from_file(ENVS / "answer_int.py"), FixedAgent(answer="10"))
+    assert [(r.task.args["word"], r.grade.reward) for r in job.runs] == [
+        ("strawberry", 1.0), ("kiwi", 0.0)]
+
+
+def test_seed_002_creating_and_loading_tasksets(tmp_path: Path) -> None:
+    """Seed 002, "Creating and Loading Tasksets" and "Instantiate a Task" (not ``from_api``)."""
+    count_letter_ = count_letter()
+    task = count_letter_(word="raspberry")   # a Task row, not yet run
+    ts = Taskset("letters", [count_letter_(word="strawberry"), task])
+    assert [t.args["word"] for t in ts] == ["strawberry", "raspberry"]
+    assert len(Taskset.from_file(LETTER_COUNT)) == 3  # from a Python source
+    ts.to_file(tmp_path / "tasks.jsonl")
+    again = Taskset.from_file(tmp_path / "tasks.jsonl")  # from a data file
+    assert [t.slug for t in again] == ts.slugs and again[1].source == str(LETTER_COUNT)
+    assert Environment(name="environment", version="0.0.1", capabilities=None).capabilities == []
 
 
 # -- the durable path -------------------------------------------------------------------------

@@ -1,0 +1,98 @@
+"""The seeds' signatures that behave as written: Environment(capabilities=), Capability called
+with a name, Grade.from_dict, run.record(step) and run.prompt_messages."""
+
+from __future__ import annotations
+
+import pytest
+
+from durable_rollouts.capabilities import Capability
+from durable_rollouts.environment import Environment
+from durable_rollouts.eval import Grade, Run
+from durable_rollouts.models import Step
+
+
+def test_environment_publishes_the_capabilities_it_is_built_with() -> None:
+    tools = Capability.mcp(name="tools", url="http://127.0.0.1:9/mcp")
+    env = Environment(name="x", capabilities=[tools])
+    assert env.capabilities == [tools] and env.capability("tools") is tools
+    with pytest.raises(ValueError, match="has no url"):
+        Environment(name="y", capabilities=[tools.model_copy(update={"url": ""})])
+
+
+def test_a_capability_called_with_a_name_is_published_under_it() -> None:
+    shell = Capability.mcp(name="tools", url="http://127.0.0.1:9/mcp")
+    assert shell() is shell and shell("tools") is shell
+    renamed = shell("other")
+    assert renamed.name == "other" and renamed.url == shell.url and shell.name == "tools"
+
+
+def test_grade_from_dict_reads_a_grade_frame() -> None:
+    grade = Grade.from_dict({"score": 0.5, "info": {"k": 1}, "done": True})
+    assert (grade.reward, grade.info, grade.done) == (0.5, {"k": 1}, True)
+    with pytest.raises(ValueError, match="no numeric score"):
+        Grade.from_dict({"score": True})
+
+
+def test_run_record_and_prompt_messages() -> None:
+    run = Run(prompt={"prompt": "How many r's?"})
+    assert run.prompt_messages == [{"role": "user", "content": "How many r's?"}]
+    chat = Run(prompt={"prompt": [{"role": "system", "content": "be brief"}, "hi"]})
+    assert chat.prompt_messages == [{"role": "system", "content": "be brief"},
+                                    {"role": "user", "content": "hi"}]
+    run.record(Step(source="agent", messages=[{"role": "assistant", "content": "3"}]))
+    assert [s.source for s in run.trace.steps] == ["agent"]
+
+
+async def test_env_serve_serves_until_cancelled(capsys: pytest.CaptureFixture[str]) -> None:
+    import asyncio
+
+    from durable_rollouts.client.envclient import connect
+
+    env = Environment(name="served")
+
+    @env.template()
+    async def hi():
+        answer = yield "hi"
+        yield 1.0
+
+    serving = asyncio.ensure_future(env.serve())
+    for _ in range(100):
+        await asyncio.sleep(0.05)
+        if "ROLLOUTS_SERVE_PORT=" in (out := capsys.readouterr().out):
+            break
+    port = int(out.split("ROLLOUTS_SERVE_PORT=")[1].split()[0])
+    async with connect(f"tcp://127.0.0.1:{port}") as client:
+        assert [t["id"] for t in await client.list_tasks()] == ["hi"]
+    serving.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await serving
+    assert not env.started
+
+
+def test_modal_runtime_takes_hud_s_image_name() -> None:
+    from durable_rollouts.errors import ConfigError
+    from durable_rollouts.runtimes.modal import ModalRuntime
+
+    assert ModalRuntime(image_name="my-env").spec() == ModalRuntime("my-env").spec()
+    with pytest.raises(ConfigError, match="modal.Image object is not supported"):
+        ModalRuntime(image=object())
+
+
+def test_docker_runtime_takes_docker_run_arguments_as_hud_writes_them() -> None:
+    from durable_rollouts.errors import ConfigError
+    from durable_rollouts.runtimes.docker import DockerRuntime
+
+    runtime = DockerRuntime("my-env", run_args=(
+        "--shm-size=2g", "-e", "MODE=fast", "--cpus", "1.5", "-v", "/data:/data:ro",
+        "--tmpfs", "/scratch:size=64m", "--read-only", "--sysctl", "net.core.somaxconn=1024"))
+    assert runtime.run_args == {
+        "shm_size": "2g", "nano_cpus": 1_500_000_000, "volumes": {"/data": {"bind": "/data", "mode": "ro"}},
+        "tmpfs": {"/scratch": "size=64m"}, "read_only": True, "sysctls": {"net.core.somaxconn": "1024"}}
+    assert runtime.env_vars == {"MODE": "fast"}
+    assert DockerRuntime.from_options(runtime.spec().options).run_args == runtime.run_args
+    with pytest.raises(ConfigError, match="may not set privileged"):
+        DockerRuntime("my-env", run_args=("--privileged",))
+    with pytest.raises(ConfigError, match=r"'--gpus' has no translation.*resources.gpu"):
+        DockerRuntime("my-env", run_args=("--gpus", "all"))
+    with pytest.raises(ConfigError, match="'--shm-size' needs a value"):
+        DockerRuntime("my-env", run_args=("--shm-size",))
