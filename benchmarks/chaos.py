@@ -1,7 +1,7 @@
 """Long fault-injection run: the cells of ``tests/chaos`` repeated until ``--faults`` faults fired.
 
     python benchmarks/chaos.py --faults 1000 [--parallel 2] [--rows 2] [--cells kill@grade,cut_channel]
-                               [--max-seconds S]
+                               [--max-seconds S] [--outages N]
 
 Starts its own dev server (the Temporal tests' ``DevServer`` on a temporary sqlite file) and runs
 the cells round-robin, ``--parallel`` at a time, each with its own ROLLOUTS_HOME, task queue and
@@ -9,6 +9,9 @@ worker processes. One cell run = one injected fault; details vary per run (``var
 message the cut hits, which checkpointed turn ``kill_mid_turn`` kills after, ...). Prints the matrix cell x {runs, lost, double-graded, leaked, wrong
 reward} and the wall time; exits 1 when any cell lost, double-graded, leaked or got a wrong
 reward. ``--max-seconds`` stops early (the figures say how many faults actually ran).
+``--outages N`` then runs the outage cells (``tests/chaos/outage_cells.py``: the S3 bucket, on
+moto's server behind a proxy, unreachable for 30 s mid-batch and mid-stream, the server SIGKILLed
+mid-stream, a trainer attached) N rounds, one at a time, into the same matrix.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import tempfile
 import time
 from collections import defaultdict
 from pathlib import Path
+from typing import Any
 
 from _common import with_test_helpers
 
@@ -31,6 +35,8 @@ os.environ["ROLLOUTS_HOME"] = tempfile.mkdtemp(prefix="rollouts-chaos-")
 os.environ.setdefault("ROLLOUTS_LOG_LEVEL", "WARNING")
 
 from chaos_cells import CELLS, Outcome, run_matrix
+from moto_s3 import S3Server
+from outage_cells import OUTAGE_CELLS, OutageProxy, run_outage_cell
 from temporal_helpers import DevServer
 
 
@@ -46,7 +52,7 @@ def print_matrix(outcomes: list[Outcome], wall: float) -> bool:
         row[5] += o.seconds
     print(f"\n{'cell':<26}{'runs':>6}{'lost':>6}{'double':>8}{'leaked':>8}{'wrong':>7}{'mean s':>8}")
     total = [0, 0, 0, 0, 0]
-    for cell in CELLS:
+    for cell in [*CELLS, *OUTAGE_CELLS]:
         if cell not in table:
             continue
         r = table[cell]
@@ -84,11 +90,32 @@ async def main_async(args: argparse.Namespace) -> int:
         await run_matrix(jobs, client, server.address, work, lanes=args.parallel, rows=args.rows,
                          timeout=args.timeout, report=report,
                          deadline=t0 + args.max_seconds if args.max_seconds else None)
+        if args.outages:
+            await run_outages(args.outages, server.address, work, report)
     finally:
         server.stop()
     ok = print_matrix(outcomes, time.monotonic() - t0)
     shutil.rmtree(work, ignore_errors=True)
     return 0 if ok else 1
+
+
+async def run_outages(rounds: int, address: str, work: Path, report: Any) -> None:
+    """The outage cells, ``rounds`` times each, one at a time (a bucket outage hits every cell on it)."""
+    s3 = S3Server(work / "moto.log")
+    proxy = OutageProxy(s3.port)
+    proxy.start()
+    saved = dict(os.environ)
+    os.environ.update(s3.aws_env(), AWS_ENDPOINT_URL=proxy.url,
+                      ROLLOUTS_STORAGE=f"s3://{s3.new_bucket()}/outages")
+    try:
+        for _ in range(rounds):
+            for cell in OUTAGE_CELLS:
+                report(await run_outage_cell(cell, address, work, proxy=proxy))
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+        proxy.close()
+        s3.stop()
 
 
 def main() -> None:
@@ -99,6 +126,7 @@ def main() -> None:
     parser.add_argument("--cells", default="", help="comma-separated subset of cells")
     parser.add_argument("--timeout", type=float, default=180.0, help="seconds per batch")
     parser.add_argument("--max-seconds", type=float, default=0.0, help="stop starting cells after this")
+    parser.add_argument("--outages", type=int, default=0, help="rounds of the outage cells afterwards")
     sys.exit(asyncio.run(main_async(parser.parse_args())))
 
 

@@ -292,9 +292,10 @@ def unreachable(err: BaseException) -> bool:
             return False
         if _UNREACHABLE & {c.__name__ for c in type(seen).__mro__}:
             return True
-        meta = (getattr(seen, "response", None) or {}).get("ResponseMetadata", {}) \
-            if isinstance(getattr(seen, "response", None), dict) else {}
-        if int(meta.get("HTTPStatusCode") or 0) >= 500 or int(getattr(seen, "status", 0) or 0) >= 500:
+        response = getattr(seen, "response", None)  # botocore's ClientError
+        meta = response.get("ResponseMetadata", {}) if isinstance(response, dict) else {}
+        status = meta.get("HTTPStatusCode") or getattr(seen, "status", 0)  # aiohttp's errors
+        if isinstance(status, int) and status >= 500:
             return True
         seen = seen.__cause__ or seen.__context__
     return False

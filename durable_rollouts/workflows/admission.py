@@ -22,7 +22,7 @@ from datetime import timedelta
 
 from pydantic import Field
 from temporalio import workflow
-from temporalio.exceptions import ActivityError
+from temporalio.exceptions import ActivityError, FailureError
 
 with workflow.unsafe.imports_passed_through():
     from durable_rollouts.admission import (
@@ -105,7 +105,7 @@ class AdmissionWorkflow:
             self._changed = False
             try:
                 await workflow.wait_condition(lambda: self._changed, timeout=self._wake(now))
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 pass
 
     # -- signals --------------------------------------------------------------------------
@@ -160,7 +160,7 @@ class AdmissionWorkflow:
     async def _tell(self, req: AdmitRequest) -> None:
         try:
             await workflow.get_external_workflow_handle(req.holder).signal(SIG_ADMITTED, req.ticket)
-        except Exception as err:  # the holder closed meanwhile: its ticket is free again
+        except FailureError as err:  # the holder closed meanwhile: its ticket is free again
             workflow.logger.info("admission: %s is gone (%s); ticket freed", req.holder, err)
             self._s.holders.pop(req.ticket, None)
             self._s.counting.pop(req.ticket, None)
@@ -225,5 +225,5 @@ async def admitted(inp: RolloutInput, number: int, granted: set[str],
         granted.discard(ticket.ticket)
         try:
             await workflow.get_external_workflow_handle(ticket.workflow_id).signal(SIG_RELEASE, ticket.ticket)
-        except Exception as err:  # the admission workflow is gone: nothing is held there
+        except FailureError as err:  # the admission workflow is gone: nothing is held there
             workflow.logger.warning("admission: release of %s failed: %s", ticket.ticket, err)

@@ -189,8 +189,7 @@ class CardRollout(AgentTurns):
                 await self._teardown(a)
 
     async def _provision(self, step: StepOptions, a: _Attempt) -> None:
-        inp = ProvisionInput(key=a.key, task=a.inp.task, provider=a.inp.provider,
-                             **({"admission": a.ticket} if a.ticket is not None else {}))
+        inp = ProvisionInput(key=a.key, task=a.inp.task, provider=a.inp.provider, admission=a.ticket)
         a.endpoint = await self._call(step, inp, Endpoint, None, a.plan)
 
     async def _connect(self, step: StepOptions, a: _Attempt) -> None:

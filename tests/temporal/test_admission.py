@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import re
 import subprocess
+import time
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,6 +27,7 @@ from temporalio.worker import Replayer
 
 from durable_rollouts.admission import admission_workflow_id
 from durable_rollouts.models import Task
+from durable_rollouts.sdk.providers import LocalRuntime
 from durable_rollouts.sdk.taskset import Taskset
 from durable_rollouts.temporal.batches import start_job
 from durable_rollouts.temporal.codec import data_converter
@@ -207,3 +209,21 @@ async def test_a_terminated_holder_gives_its_ticket_back_through_the_sweep(
     job = await asyncio.wait_for(handle.wait(), 60)
     statuses = sorted(r.status for r in job.runs)
     assert "succeeded" in statuses, [(r.rollout_id, r.status, r.error) for r in job.runs]
+
+
+async def test_an_in_process_runtime_takes_admission_too(client, task_queue) -> None:
+    """LocalRuntime (the substrate lives in the worker process) under a ceiling of 1: every
+    rollout succeeds, one at a time, and each gave its ticket back."""
+    rows = [Task(env="counting", id="echo", source=ENV_FILE, args={"expected": "x", "tag": str(i)})
+            for i in range(4)]
+    runtime = LocalRuntime(ENV_FILE, max_substrates=1, max_provisions_per_s=10)
+    started = time.monotonic()
+    job = await Taskset("local", rows).run(CountingAgent(answer="x"), runtime=runtime,
+                                           temporal=client, worker=True, task_queue=task_queue,
+                                           max_concurrent=4)
+    assert [r.status for r in job.runs] == ["succeeded"] * 4
+    history = await client.get_workflow_handle(admission_workflow_id(task_queue, runtime.kind)).fetch_history()
+    released = [e for e in history.events if e.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_SIGNALED
+                and e.workflow_execution_signaled_event_attributes.signal_name == "release"]
+    assert len(released) == 4  # the in-process worker is gone: its history, not a query
+    print(f"4 admitted in-process rollouts in {time.monotonic() - started:.1f} s")
