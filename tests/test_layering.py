@@ -227,3 +227,15 @@ def test_a_planted_upward_import_is_caught() -> None:
     found = climbs(planted)
     assert f"{PKG}.steps.substrate -> {PKG}.sdk.run" in found
     assert f"{PKG}.runtimes.base -> {PKG}.steps.plan" in found
+
+
+def test_client_code_never_imports_activities() -> None:
+    """cli/, sdk/ and the job reader read a job through ``temporal.jobs`` and ``stores/``, never
+    through worker-side modules; only ``RolloutsPlugin`` (it builds a worker) may."""
+    client_side = ("cli", "sdk", "temporal")
+    offenders = sorted(
+        f"{name} -> {dep}" for name, deps in GRAPH.items()
+        if _layer(name) in client_side and name != f"{PKG}.temporal.plugin"
+        for dep in deps if dep.startswith(f"{PKG}.activities")
+    )
+    assert not offenders, "\n".join(offenders)

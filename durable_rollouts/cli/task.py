@@ -1,7 +1,7 @@
 """``rollouts serve ENV.py`` and ``rollouts task list|start|grade``: check an environment by hand.
 
 ``serve`` runs ``envserver.entry.run_serve``; the ``task`` commands talk to a running env server
-over the control channel (``sdk.client``), both imported lazily.
+over the control channel (``client``), both imported lazily.
 """
 
 from __future__ import annotations

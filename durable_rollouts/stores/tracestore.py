@@ -4,7 +4,7 @@ Traces are written through the ``ROLLOUTS_STORAGE`` driver (``durable_rollouts.t
 the same store temporalio offloads large payloads to), so any host with the bucket reads them,
 for as long as the bucket keeps them, independent of Temporal's history retention. The TraceRef's
 uri is then a ``rollouts-storage:`` claim; ``file://`` refs written by earlier releases are still
-read. Imports models, paths and ``sdk.blobs`` (the store is registered there by the Temporal
+read. Imports models, paths and ``stores.blobs`` (the store is registered there by the Temporal
 layer, so this module never imports temporalio).
 """
 
@@ -27,7 +27,7 @@ class TraceStore:
 
     Args:
         root: where legacy relative trace paths resolve (default ``$ROLLOUTS_HOME/traces``).
-        blobs: a ``sdk.blobs.BlobStore`` (default: ``default_blobs()``, the ``ROLLOUTS_STORAGE``
+        blobs: a ``stores.blobs.BlobStore`` (default: ``default_blobs()``, the ``ROLLOUTS_STORAGE``
             store once the Temporal layer is loaded).
     """
 

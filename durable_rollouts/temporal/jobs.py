@@ -253,7 +253,7 @@ async def reached_rows(client: Client, job_id: str, desc: Any, inp: TasksetRunIn
     """The rows an open-ended batch (``epochs=None``) has reached, not the epochs it never will:
     a completed one's up to its last result; else those up to the carried ``next_index``, then
     each further row whose group's first rollout started (groups start in order)."""
-    from ..activities.taskset import ResultStore
+    from ..stores.results import ResultStore
 
     assert inp.rows_ref is not None
 

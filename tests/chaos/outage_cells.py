@@ -34,7 +34,7 @@ from typing import Any
 from chaos_cells import Outcome, Workers, _rows, env_servers_of
 from temporal_helpers import ENV_FILE, CountingAgent, DevServer, async_wait_for, read_lines
 
-from durable_rollouts.sdk.providers import SubprocessRuntime
+from durable_rollouts.runtimes import SubprocessRuntime
 from durable_rollouts.sdk.taskset import Taskset
 from durable_rollouts.temporal.batches import start_job
 from durable_rollouts.temporal.connection import connect_client

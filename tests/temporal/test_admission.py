@@ -27,7 +27,7 @@ from temporalio.worker import Replayer
 
 from durable_rollouts.admission import admission_workflow_id
 from durable_rollouts.models import Task
-from durable_rollouts.sdk.providers import LocalRuntime
+from durable_rollouts.runtimes import LocalRuntime
 from durable_rollouts.sdk.taskset import Taskset
 from durable_rollouts.temporal.batches import start_job
 from durable_rollouts.temporal.codec import data_converter
