@@ -3,12 +3,13 @@
 For each K in ``--workers`` (interleaved ``--repeats`` times, so drift on a busy box hits every K
 alike) the script starts K real ``rollouts worker`` processes on a queue of their own, starts one
 batch of ``--n`` trivial rollouts (``LocalRuntime`` letters env, a fixed answer) with no worker in
-this process, and reports rollouts/s, the dev server's CPU per rollout and the workers' CPU per
-rollout, each against K = 1 (the first K listed): throughput ratio and server CPU ratio. In-process
+this process (K = 0: the batch's own in-process worker, as ``Taskset.run`` runs it), and reports
+rollouts/s, the dev server's CPU per rollout and the workers' CPU per rollout, each against the
+first K listed: throughput ratio and server CPU ratio. In-process
 substrates of ``rollouts worker`` are pinned to the provisioning worker's own queue, so this is
 where the cost of a pinned step shows.
 
-    python benchmarks/bench_workers.py [--n 1000] [--workers 1,2,4] [--concurrency 256] [--repeats 2]
+    python benchmarks/bench_workers.py [--n 1000] [--workers 0,1,2,4] [--concurrency 256] [--repeats 2]
 
 Runs against whatever ``durable_rollouts`` is importable (``PYTHONPATH=<an older checkout>``
 measures that release with the same script: it uses public names only).
@@ -78,27 +79,31 @@ def _stop(procs: list[subprocess.Popen[bytes]]) -> None:
 
 async def _one(k: int, n: int, concurrency: int, address: str, server: psutil.Process, home: Path,
                tag: str) -> Sample:
+    """K = 0: the batch's own in-process worker (``Taskset.run``), the one-worker baseline."""
     from durable_rollouts import LocalRuntime, Taskset
     from durable_rollouts.sdk.agents import FixedAgent
-    from durable_rollouts.temporal.batches import start_job
+    from durable_rollouts.temporal.batches import shutdown_embedded, start_job
 
     queue = f"bench-workers-{k}-{tag}"
     procs = _start_workers(k, address, queue, home)
+    in_process = k == 0
     try:
-        warm = await start_job(Taskset("warm", letter_tasks(2 * k)), FixedAgent(answer="2"),
-                               runtime=LocalRuntime(LETTERS), temporal=address, worker=False,
-                               task_queue=queue, max_concurrent=2 * k)
+        warm = await start_job(Taskset("warm", letter_tasks(2 * max(k, 1))), FixedAgent(answer="2"),
+                               runtime=LocalRuntime(LETTERS), temporal=address, worker=in_process,
+                               task_queue=queue, max_concurrent=2 * max(k, 1))
         await warm.wait()
-        ps = [psutil.Process(p.pid) for p in procs]
+        ps = [psutil.Process(p.pid) for p in procs] or [psutil.Process()]
         server0, workers0, t0 = _cpu(server), sum(_cpu(p) for p in ps), time.perf_counter()
         handle = await start_job(Taskset("workers", letter_tasks(n)), FixedAgent(answer="2"),
-                                 runtime=LocalRuntime(LETTERS), temporal=address, worker=False,
+                                 runtime=LocalRuntime(LETTERS), temporal=address, worker=in_process,
                                  task_queue=queue, max_concurrent=concurrency)
         job = await handle.wait()
         wall = time.perf_counter() - t0
         server_cpu, worker_cpu = _cpu(server) - server0, sum(_cpu(p) for p in ps) - workers0
     finally:
         _stop(procs)
+        if in_process:
+            await shutdown_embedded()  # this process's worker: stopped, as the K workers are
     ok = sum(1 for r in job.runs if r.status == "succeeded")
     return Sample(k, wall, ok, server_cpu, worker_cpu)
 
@@ -144,7 +149,8 @@ async def main(n: int, ks: list[int], concurrency: int, repeats: int, home: Path
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--n", type=int, default=1000)
-    parser.add_argument("--workers", default="1,2,4", help="worker counts, comma-separated")
+    parser.add_argument("--workers", default="0,1,2,4",
+                        help="worker counts, comma-separated; 0 = the batch's own in-process worker")
     parser.add_argument("--concurrency", type=int, default=256)
     parser.add_argument("--repeats", type=int, default=2)
     args = parser.parse_args()
@@ -152,7 +158,7 @@ if __name__ == "__main__":
         ks = [int(x) for x in args.workers.split(",") if x]
     except ValueError:
         parser.error("--workers: comma-separated integers, e.g. 1,2,4")
-    if not ks or min(ks) < 1 or args.n < 1 or args.repeats < 1:
-        parser.error("--workers, --n and --repeats must be positive")
+    if not ks or min(ks) < 0 or args.n < 1 or args.repeats < 1:
+        parser.error("--workers must be 0 or more, --n and --repeats positive")
     with private_home() as home:
         asyncio.run(main(args.n, ks, args.concurrency, args.repeats, home))
