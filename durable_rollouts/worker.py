@@ -6,10 +6,11 @@ both run on a client with ``temporal.codec.data_converter()``.
 
 ``build_worker(client, task_queue=..., host_queue=..., process_queue=...)`` returns a
 ``RolloutWorker`` polling the shared queue (workflows + activities) and, when different, this
-host's and this process's queues (activities of host-/process-local substrates). Run it with
+host's and this process's queues (activities of host-/process-local substrates), each with a
+liveness queue beside it (``liveness_worker``: a busy queue is not a lost one). Run it with
 ``await worker.run()`` or ``async with worker:``. ``python -m durable_rollouts.worker --temporal
-HOST:PORT [--task-queue Q] [--host-queue auto|NAME] [--gc-every SECONDS]`` runs one as its own
-process (crash tests SIGKILL these); SIGTERM/SIGINT shut it down gracefully. With ``gc_every_s``
+HOST:PORT [--task-queue Q] [--host-queue auto|NAME] [--gc-every SECONDS] [--max-concurrent N]``
+runs one as its own process (crash tests SIGKILL these); SIGTERM/SIGINT shut it down gracefully. With ``gc_every_s``
 the worker also runs ``durable_rollouts.gc.sweep`` in the background (default 300 s for worker processes, off
 for workers built in-process): substrates whose rollout is over are removed without ``rollouts gc``.
 A workflow interceptor posts every Rollout child's start and result to the in-process progress
