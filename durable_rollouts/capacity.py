@@ -36,7 +36,7 @@ DEFAULT_SLOTS = 500  # the least a worker gets: unused slots cost nothing
 SLOT_MARGIN = 64  # over max_concurrent: taskset activities, teardowns, liveness probes
 FDS_PER_ROLLOUT = 4  # a kept connection, both ends for an in-process env, plus a spare
 FDS_BASE = 256  # the worker's own: server connections, logs, imports
-RSS_PER_ROLLOUT = 160 * 1024  # bytes per in-flight rollout (benchmarks/bench_width.py: ~100 KiB)
+RSS_PER_ROLLOUT = 256 * 1024  # bytes per in-flight rollout (benchmarks/bench_width.py: 209-228 KiB)
 KNOB = "max_concurrent (Taskset.run / rollouts run) or --max-concurrent (rollouts worker)"
 
 _PROCESS_SLOTS = 0  # the most slots any worker built in this process has

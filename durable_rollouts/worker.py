@@ -6,11 +6,12 @@ both run on a client with ``temporal.codec.data_converter()``.
 
 ``build_worker(client, task_queue=..., host_queue=..., process_queue=...)`` returns a
 ``RolloutWorker`` polling the shared queue (workflows + activities) and, when different, this
-host's and this process's queues (activities of host-/process-local substrates). Run it with
+host's and this process's queues (activities of host-/process-local substrates), each with a
+liveness queue beside it (``liveness_worker``: a busy queue is not a lost one). Run it with
 ``await worker.run()`` or ``async with worker:``. ``python -m durable_rollouts.worker --temporal
-HOST:PORT [--task-queue Q] [--host-queue auto|NAME] [--gc-every SECONDS]`` runs one as its own
-process (crash tests SIGKILL these); SIGTERM/SIGINT shut it down gracefully. With ``gc_every_s``
-the worker also runs ``durable_rollouts.gc.sweep`` in the background (default 300 s for worker processes, off
+HOST:PORT [--task-queue Q] [--host-queue auto|NAME] [--gc-every SECONDS] [--max-concurrent N]``
+runs one as its own process (crash tests SIGKILL these); SIGTERM/SIGINT shut it down gracefully.
+With ``gc_every_s`` the worker also runs ``durable_rollouts.gc.sweep`` in the background (default 300 s for worker processes, off
 for workers built in-process): substrates whose rollout is over are removed without ``rollouts gc``.
 A workflow interceptor posts every Rollout child's start and result to the in-process progress
 board (``sdk.board``), which ``rollouts run`` reads instead of querying the batch workflow.
@@ -45,10 +46,10 @@ from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxR
 
 from durable_rollouts.activities import Queues, RolloutActivities, TasksetActivities
 from durable_rollouts.activities.liveness import LIVENESS_SLOTS, queue_alive
-from durable_rollouts.capacity import DEFAULT_SLOTS, check_capacity, register_slots, slots_for
 from durable_rollouts.activities.admission import AdmissionActivities
 from durable_rollouts.activities.stream_pages import StreamPageActivities
 from durable_rollouts.activities.owner import OwnerInterceptor
+from durable_rollouts.capacity import DEFAULT_SLOTS, check_capacity, register_slots, slots_for
 from durable_rollouts.errors import ConfigError
 from durable_rollouts.release import worker_identity
 from durable_rollouts.temporal.board import BOARD

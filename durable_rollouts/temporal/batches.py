@@ -94,9 +94,9 @@ async def _client(temporal: Any) -> tuple[Client, bool]:
 
 async def _ensure_worker(client: Client, task_queue: str, max_concurrent: int | None = None) -> lifetime.Lease:
     """A lease on this loop's in-process worker for ``task_queue`` with room for
-    ``max_concurrent`` more rollouts: one running already if its slots hold them on top of its
-    other batches', else a new one sized for them (``capacity.slots_for``) on the same queue;
-    never a silent cap."""
+    ``max_concurrent`` more rollouts (``capacity.slots_for``): the running one if its slots hold
+    them on top of its other batches'; an idle one too narrow is replaced by a wider one, a busy
+    one warns (``lifetime.lease_wide``); never a silent cap."""
     from durable_rollouts.worker import build_worker  # lazy: activities pull in the whole sdk
 
     slots = slots_for(max_concurrent)
