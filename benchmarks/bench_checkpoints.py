@@ -39,10 +39,10 @@ async def one(client, queue: str, llm, turns: int, mode: str, workers: "Workers"
     from agent_helpers import STEPS_ENV
 
     from durable_rollouts.models import Task
-    from durable_rollouts.sdk.openai_agent import OpenAIChatAgent
-    from durable_rollouts.temporal.batches import start_job
     from durable_rollouts.runtimes import SubprocessRuntime
+    from durable_rollouts.sdk.openai_agent import OpenAIChatAgent
     from durable_rollouts.sdk.taskset import Taskset
+    from durable_rollouts.temporal.batches import start_job
 
     agent = OpenAIChatAgent(model="m", base_url=llm.url, max_steps=turns + 2, checkpoints=mode)
     task = Task(env="steps", id="steps", source=STEPS_ENV, args={"n": turns})

@@ -19,8 +19,8 @@ import time
 
 from _common import LETTERS
 
-from durable_rollouts.envserver import load_environment, serving
 from durable_rollouts.client.envclient import connect
+from durable_rollouts.envserver import load_environment, serving
 from durable_rollouts.streams import register_local, unregister_local
 
 

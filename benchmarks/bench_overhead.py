@@ -128,9 +128,9 @@ class Bench:
         return path
 
     async def path(self, name: str, n: int, sleep: float, concurrency: int, group: int = 1) -> Sample:
+        from durable_rollouts.runtimes import LocalRuntime
         from durable_rollouts.sdk.agents import SleepAgent
         from durable_rollouts.sdk.direct import run_direct
-        from durable_rollouts.runtimes import LocalRuntime
         from durable_rollouts.sdk.taskset import Taskset
 
         runtime = LocalRuntime(LETTERS)
@@ -184,9 +184,9 @@ class Bench:
 
 
 async def latency(samples: int) -> None:
+    from durable_rollouts.runtimes import LocalRuntime
     from durable_rollouts.sdk.agents import FixedAgent
     from durable_rollouts.sdk.direct import run_direct
-    from durable_rollouts.runtimes import LocalRuntime
     from durable_rollouts.sdk.taskset import Taskset
 
     runtime, agent = LocalRuntime(LETTERS), FixedAgent(answer="2")
@@ -248,12 +248,12 @@ def cpu_ratio(rows: dict[str, Row], n: int) -> None:
 
 
 async def main(args: argparse.Namespace) -> None:
-    from durable_rollouts.sdk.agents import FixedAgent
-    from durable_rollouts.sdk.direct import run_direct
-    from durable_rollouts.temporal.batches import _client, shutdown_embedded
     from durable_rollouts.paths import rollouts_home
     from durable_rollouts.runtimes import LocalRuntime
+    from durable_rollouts.sdk.agents import FixedAgent
+    from durable_rollouts.sdk.direct import run_direct
     from durable_rollouts.sdk.taskset import Taskset
+    from durable_rollouts.temporal.batches import _client, shutdown_embedded
 
     paths = [p for p in args.paths.split(",") if p]
     unknown = set(paths) - set(ALL_PATHS)

@@ -26,7 +26,6 @@ import psutil
 from _common import LETTERS, letter_tasks, peak_rss_mb, private_home
 from _storage import add_storage_option, history_bytes, storage_bytes, use_storage
 
-
 PLAIN_SHAPES = {"1step": (1, False), "6steps": (6, False), "6steps-sa": (6, True)}
 
 
@@ -53,10 +52,10 @@ class PeakRSS:
 
 async def main(n: int, concurrency: int, sample: int, storage: str, direct: bool, plain: bool,
                shapes: list[str]) -> None:
-    from durable_rollouts.sdk.agents import FixedAgent
-    from durable_rollouts.temporal.batches import _client, shutdown_embedded, start_job
     from durable_rollouts.runtimes import LocalRuntime
+    from durable_rollouts.sdk.agents import FixedAgent
     from durable_rollouts.sdk.taskset import Taskset
+    from durable_rollouts.temporal.batches import _client, shutdown_embedded, start_job
 
     taskset = Taskset("scale", letter_tasks(n))
     warm = Taskset("warm", letter_tasks(2))

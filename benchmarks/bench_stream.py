@@ -229,9 +229,9 @@ def report(name: str, phase: Phase, rollouts: int) -> None:
 
 
 async def main(args: argparse.Namespace) -> None:
-    from durable_rollouts.sdk.agents import FixedAgent
     from durable_rollouts.paths import rollouts_home
     from durable_rollouts.runtimes import LocalRuntime
+    from durable_rollouts.sdk.agents import FixedAgent
     from durable_rollouts.sdk.taskset import Taskset
 
     rows = args.n // args.group

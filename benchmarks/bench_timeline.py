@@ -114,8 +114,8 @@ def _links(chains: list[Chain], sleep: float, concurrency: int) -> dict[str, lis
 
 
 async def main(args: argparse.Namespace) -> None:
-    from durable_rollouts.sdk.agents import FixedAgent, SleepAgent
     from durable_rollouts.runtimes import LocalRuntime
+    from durable_rollouts.sdk.agents import FixedAgent, SleepAgent
     from durable_rollouts.sdk.taskset import Taskset
     from durable_rollouts.temporal.batches import _client, shutdown_embedded
 

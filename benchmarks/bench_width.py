@@ -37,7 +37,6 @@ import psutil
 from _common import LETTERS, letter_tasks, private_home
 from _width_agent import WaitAgent
 
-
 BASELINE_S = 5.0  # seconds of sampling with nothing in flight, before each width
 
 

@@ -68,9 +68,9 @@ async def _one(variant: str, n: int, sleep: float, concurrency: int) -> dict[str
     import psutil
 
     import durable_rollouts
-    from durable_rollouts.sdk.agents import FixedAgent, SleepAgent
     from durable_rollouts.paths import rollouts_home
     from durable_rollouts.runtimes import LocalRuntime
+    from durable_rollouts.sdk.agents import FixedAgent, SleepAgent
     from durable_rollouts.sdk.taskset import Taskset
 
     _switch_off(variant)

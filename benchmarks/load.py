@@ -62,9 +62,9 @@ async def main_async(args: argparse.Namespace) -> None:
     from temporalio.api.enums.v1 import EventType
 
     from durable_rollouts.models import Task
-    from durable_rollouts.temporal.batches import start_job
     from durable_rollouts.runtimes import LocalRuntime
     from durable_rollouts.sdk.taskset import Taskset
+    from durable_rollouts.temporal.batches import start_job
     from durable_rollouts.temporal.connection import connect_client
 
     work = Path(os.environ["ROLLOUTS_HOME"])

@@ -22,18 +22,18 @@ if TYPE_CHECKING:
         Task,
         Trace,
     )
-    from .sdk.agents import Agent
-    from .sdk.file_tracking import file_tracking_observer
-    from .sdk.job import Job
-    from .sdk.lifetime import session
     from .runtimes import LocalRuntime, Runtime, SubprocessRuntime
     from .runtimes.daytona import DaytonaRuntime
     from .runtimes.docker import DockerRuntime
     from .runtimes.hud import HUDRuntime
     from .runtimes.modal import ModalRuntime
     from .runtimes.ssh import SSHRuntime
-    from .sdk.run import Run
+    from .sdk.agents import Agent
     from .sdk.atom import rollout
+    from .sdk.file_tracking import file_tracking_observer
+    from .sdk.job import Job
+    from .sdk.lifetime import session
+    from .sdk.run import Run
     from .sdk.taskset import Taskset
 
 __all__ = [

@@ -11,13 +11,13 @@ from typing import TYPE_CHECKING
 from ._lazy import lazy_exports
 
 if TYPE_CHECKING:
-    from .envserver.capability import Capability
     from .client.capabilities import (
         CapabilityNotFoundError,
         close_capability,
         find_binding,
         open_capability,
     )
+    from .envserver.capability import Capability
 
 __all__ = ["Capability", "CapabilityNotFoundError", "close_capability", "find_binding",
            "open_capability"]

@@ -12,25 +12,7 @@ from typing import TYPE_CHECKING
 from ._lazy import lazy_exports
 
 if TYPE_CHECKING:
-    from .models import (
-        Grade,
-        RuntimeConfig,
-        RuntimeGPU,
-        RuntimeLimits,
-        RuntimeResources,
-        Task,
-        Trace,
-    )
-    from .sdk.job import Job
-    from .runtimes import LocalRuntime, Runtime, SubprocessRuntime
-    from .runtimes.daytona import DaytonaRuntime
-    from .runtimes.docker import DockerRuntime
-    from .runtimes.hud import HUDRuntime
-    from .runtimes.modal import ModalRuntime
-    from .runtimes.ssh import SSHRuntime
-    from .sdk.atom import rollout
-    from .sdk.run import Run
-    from .sdk.taskset import Taskset
+    pass
 
 _PROVIDERS = "durable_rollouts.runtimes"
 _WHERE = {

@@ -26,9 +26,9 @@ import logging
 import os
 import signal
 import socket
-from datetime import timedelta
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any, Self
 
 from temporalio import workflow
@@ -38,29 +38,29 @@ from temporalio.worker import (
     Interceptor,
     PollerBehaviorSimpleMaximum,
     Worker,
+    WorkerTuner,
     WorkflowInboundInterceptor,
     WorkflowInterceptorClassInput,
-    WorkerTuner,
 )
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
 
 from durable_rollouts.activities import Queues, RolloutActivities, TasksetActivities
-from durable_rollouts.activities.liveness import LIVENESS_SLOTS, queue_alive
 from durable_rollouts.activities.admission import AdmissionActivities
-from durable_rollouts.activities.stream_pages import StreamPageActivities
+from durable_rollouts.activities.liveness import LIVENESS_SLOTS, queue_alive
 from durable_rollouts.activities.owner import OwnerInterceptor
+from durable_rollouts.activities.stream_pages import StreamPageActivities
 from durable_rollouts.capacity import DEFAULT_SLOTS, check_capacity, register_slots, slots_for
 from durable_rollouts.errors import ConfigError
 from durable_rollouts.release import worker_identity
-from durable_rollouts.temporal.board import BOARD
-from durable_rollouts.stores.tracestore import TraceStore
 from durable_rollouts.settings import WORKER_READY, Settings, settings, var
+from durable_rollouts.stores.tracestore import TraceStore
+from durable_rollouts.temporal.board import BOARD
 from durable_rollouts.temporal.eviction import evict_cached
 from durable_rollouts.temporal.storage import storage_url
 from durable_rollouts.temporal.stream_pages import StreamStore
 from durable_rollouts.workflows import Rollout, TasksetRun
-from durable_rollouts.workflows.queue_probe import alive_queue
 from durable_rollouts.workflows.admission import AdmissionWorkflow
+from durable_rollouts.workflows.queue_probe import alive_queue
 from durable_rollouts.workflows.types import DEFAULT_TASK_QUEUE
 
 __all__ = ["DEFAULT_GC_EVERY_S", "RolloutWorker", "WorkerParts", "build_worker", "host_queue_name",

@@ -9,6 +9,7 @@ import time
 
 import pytest
 
+from durable_rollouts.client.envclient import connect
 from durable_rollouts.envserver import Environment, serving
 from durable_rollouts.errors import (
     ConfigError,
@@ -18,7 +19,6 @@ from durable_rollouts.errors import (
     RemoteTaskError,
     UnauthorizedError,
 )
-from durable_rollouts.client.envclient import connect
 
 
 def _env() -> Environment:

@@ -19,18 +19,18 @@ from typing import Any, Protocol, TypeVar
 
 from temporalio import activity
 
+from durable_rollouts.activities import legacy_steps as merged_steps
 from durable_rollouts.activities.checkpoints import AgentCheckpoints
 from durable_rollouts.activities.failures import map_errors, map_step_errors
 from durable_rollouts.errors import ConfigError, ModelAPIError, SubstrateGoneError
 from durable_rollouts.models import Endpoint, Grade
-from durable_rollouts.activities import legacy_steps as merged_steps
-from durable_rollouts.steps import agent as agent_step
-from durable_rollouts.steps import substrate as steps
+from durable_rollouts.runtimes import provider_from_spec
 from durable_rollouts.sdk.agents import load_agent
 from durable_rollouts.sdk.run import Run
-from durable_rollouts.runtimes import provider_from_spec
-from durable_rollouts.stores.tracestore import TraceStore
 from durable_rollouts.step_io import AgentInput, AgentResult, GradeInput, Opened, ProvisionInput
+from durable_rollouts.steps import agent as agent_step
+from durable_rollouts.steps import substrate as steps
+from durable_rollouts.stores.tracestore import TraceStore
 from durable_rollouts.workflows.types import ACT_CLOSE, ACT_OPEN
 
 __all__ = ["PARKED", "LegacySteps", "ParkedSubstrates"]

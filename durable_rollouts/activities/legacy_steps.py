@@ -14,12 +14,12 @@ import asyncio
 import contextlib
 import logging
 
-from ..errors import StepFailed
-from ..models import Grade, Task
-from ..step_io import AgentInput, AgentResult, GradeInput, Opened
 from ..client import channel
 from ..client.envclient import EnvClient
+from ..errors import StepFailed
+from ..models import Grade, Task
 from ..runtimes import DurableProvider, provider_from_spec
+from ..step_io import AgentInput, AgentResult, GradeInput, Opened
 from ..steps.substrate import release, teardown_with
 
 __all__ = ["close_after_agent", "close_rollout", "open_channel", "open_rollout"]

@@ -23,25 +23,25 @@ from durable_rollouts.activities.checkpoints import AgentCheckpoints
 from durable_rollouts.activities.failures import map_errors
 from durable_rollouts.activities.legacy import LegacySteps
 from durable_rollouts.models import Endpoint, Grade, Session
-from durable_rollouts.steps import agent as agent_step
-from durable_rollouts.steps import substrate as steps
-from durable_rollouts.steps import verifier, verify_once
 from durable_rollouts.runtimes import provider_from_spec
 from durable_rollouts.sdk.agents import load_agent
 from durable_rollouts.sdk.run import Run
-from durable_rollouts.stores.tracestore import TraceStore
 from durable_rollouts.step_io import (
     AgentInput,
     AgentResult,
     ConnectInput,
     GradeInput,
     ProvisionInput,
-    StartInput,
     Started,
+    StartInput,
     TeardownInput,
     VerifierSession,
     VerifyInput,
 )
+from durable_rollouts.steps import agent as agent_step
+from durable_rollouts.steps import substrate as steps
+from durable_rollouts.steps import verifier, verify_once
+from durable_rollouts.stores.tracestore import TraceStore
 from durable_rollouts.workflows.types import (
     ACT_AGENT,
     ACT_CONNECT,

@@ -20,16 +20,17 @@ from typing import Any
 
 from rich.console import Console
 
+from durable_rollouts.cli import render
+from durable_rollouts.stores.row_pages import check_epochs
+from durable_rollouts.temporal.jobs import JobView, connect, load_job
+from durable_rollouts.temporal.queues import batch_queue, job_queue
+from durable_rollouts.temporal.resume import plan_resume, start_resume
+from durable_rollouts.temporal.select import parse_only
+
 from ..errors import ConfigError
 from ..paths import rollouts_home
 from ..settings import settings
-from durable_rollouts.cli import render
-from durable_rollouts.temporal.jobs import JobView, connect, load_job
 from .progress import follow
-from durable_rollouts.temporal.queues import batch_queue, job_queue
-from durable_rollouts.temporal.resume import plan_resume, start_resume
-from durable_rollouts.stores.row_pages import check_epochs
-from durable_rollouts.temporal.select import parse_only
 
 __all__ = [
     "RunOptions",
@@ -270,11 +271,12 @@ def _stream_options(opts: RunOptions) -> Any:
 
 
 async def run_batch(opts: RunOptions, out: Console, err: Console) -> int:
-    from ..sdk.job import Job
     from durable_rollouts.temporal.batches import check_policy, start_job
     from durable_rollouts.temporal.connection import resolve_address
-    from ..sdk.validation import validate_batch
+
+    from ..sdk.job import Job
     from ..sdk.taskset_hooks import check_taskset_flags
+    from ..sdk.validation import validate_batch
     from .specs import admit_runtime, check_sources, load_agent_spec, load_tasks, parse_runtime
 
     check_output(opts.output, opts.as_json, opts.export_format, opts.detach)
@@ -413,6 +415,7 @@ async def resume_job(
 ) -> int:
     from durable_rollouts.temporal.batches import check_policy
     from durable_rollouts.temporal.connection import resolve_address
+
     from .specs import add_cwd_to_path
 
     selectors = parse_only(only)

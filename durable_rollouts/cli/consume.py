@@ -27,8 +27,8 @@ from typing import Any
 from rich.console import Console
 
 from ..errors import ConfigError, DurableRolloutsError
-from ..sdk.run import Run
 from ..ids import workflow_id
+from ..sdk.run import Run
 from ..workflows.stream import FinishedGroup, check_consumer
 from .service import stop_event
 

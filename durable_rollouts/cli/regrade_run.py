@@ -18,7 +18,6 @@ from durable_rollouts.cli.batch import announce, check_output, ui_base, write_ru
 from durable_rollouts.cli.progress import follow
 from durable_rollouts.temporal.jobs import connect
 
-
 __all__ = ["RegradeOptions", "regrade_job"]
 
 SHOWN_CHANGES = 20  # changed rollouts listed in the text summary (--json lists all)

@@ -24,8 +24,8 @@ from typing import Any
 
 from rich.console import Console
 
-from ..processes import pid_alive
 from ..paths import rollouts_home
+from ..processes import pid_alive
 from ..settings import WORKER_READY, settings
 
 __all__ = [
@@ -165,9 +165,9 @@ async def run_worker(
     sweeping orphaned substrates every ``gc_every_s`` seconds (0 = never), with slots for
     ``max_concurrent`` rollouts in flight (``capacity.slots_for``). None: the settings'
     ``ROLLOUTS_TASK_QUEUE`` / ``ROLLOUTS_GC_EVERY``."""
+    from ..capacity import slots_for
     from ..temporal.control import wait_closed
     from ..temporal.jobs import connect
-    from ..capacity import slots_for
     from ..worker import build_worker
 
     config = settings()

@@ -21,8 +21,8 @@ from typing import Any
 
 from ..errors import ConfigError, UnauthorizedError
 from ..models import Endpoint
-from ..settings import settings, var
 from ..paths import rollouts_home
+from ..settings import settings, var
 
 __all__ = [
     "SECRET_ENV_VAR",

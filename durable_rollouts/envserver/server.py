@@ -24,8 +24,7 @@ from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 from ..errors import ConfigError
-from ..settings import var
-from ..streams import StreamPair, register_local, unregister_local
+from ..hud_detect import is_hud_environment
 from ..protocol import (
     DEFAULT_MAX_LINE_BYTES,
     SERVE_PORT_ANNOUNCEMENT,
@@ -35,8 +34,9 @@ from ..protocol import (
     Method,
     error_frame,
 )
+from ..settings import var
+from ..streams import StreamPair, register_local, unregister_local
 from .dispatch import DEFAULT_MAX_TASKS, Connection, Dispatcher
-from ..hud_detect import is_hud_environment
 from .environment import Environment
 from .hud_env import check_hud_serving, serving_hud
 from .tunnel import serve_tunnel

@@ -26,6 +26,8 @@ from typing import Any
 
 # Besides the public API, a few internals stay importable from here (tests use them).
 from durable_rollouts.gc.candidates import _Candidate, _candidates  # noqa: F401
+from durable_rollouts.gc.orphans import NOT_FOUND, Orphan, _cautious_reason, find_orphans  # noqa: F401
+from durable_rollouts.gc.removal import _remove_checked, collect  # noqa: F401
 from durable_rollouts.runtimes.labels import (  # noqa: F401
     LABEL_DEADLINE,
     LABEL_HOST,
@@ -39,8 +41,6 @@ from durable_rollouts.runtimes.labels import (  # noqa: F401
     server_id,
     workflow_for_key,
 )
-from durable_rollouts.gc.orphans import NOT_FOUND, Orphan, _cautious_reason, find_orphans  # noqa: F401
-from durable_rollouts.gc.removal import _remove_checked, collect  # noqa: F401
 
 Client = Any  # a temporalio Client
 

@@ -12,9 +12,9 @@ import importlib
 from collections.abc import Callable
 from typing import Any
 
-from ..moved import import_module as import_moved
 from ..errors import ConfigError
 from ..models import ProviderSpec
+from ..moved import import_module as import_moved
 from .base import DurableProvider, Locality, Runtime
 from .local import LocalRuntime
 from .subprocess import SubprocessRuntime

@@ -29,10 +29,10 @@ from pathlib import Path
 from typing import Any, ClassVar, Literal
 
 from ..admission import Admission, admission_of
+from ..client.tokens import TOKEN_FROM, endpoint_token, token_rejected
 from ..errors import ConfigError, ProviderError, ReadyTimeoutError, UnauthorizedError
 from ..models import Endpoint, ProviderSpec, RuntimeConfig, Task
 from ..paths import safe_name
-from ..client.tokens import TOKEN_FROM, endpoint_token, token_rejected
 
 __all__ = ["DurableProvider", "Locality", "Runtime", "Substrate", "as_config", "config_options",
            "container_name", "log_tail", "merge_config"]

@@ -32,12 +32,11 @@ from contextlib import suppress
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from ..settings import settings
+from ..client.tokens import derived_params, substrate_token
 from ..errors import ConfigError, ProviderError, ReadyTimeoutError
 from ..models import Endpoint, ProviderSpec, RuntimeConfig, Task
 from ..protocol import SERVE_PORT_ANNOUNCEMENT
-from .labels import owner_labels
-from ..client.tokens import derived_params, substrate_token
+from ..settings import settings
 from .base import (
     CONTAINER_FIELDS,
     DurableProvider,
@@ -59,6 +58,7 @@ from .daytona_sdk import (
     snapshot_ready,
     state_of,
 )
+from .labels import owner_labels
 
 __all__ = ["DaytonaRuntime"]
 

@@ -19,9 +19,9 @@ from typing import Any
 
 from ..errors import ConfigError, ProviderError
 from ..models import Resources
+from .base import Substrate
 from .labels import LABEL_HOST, LABEL_OWNER
 from .procs import pid_alive
-from .base import Substrate
 
 __all__ = [
     "MANAGED_LABEL",

@@ -25,11 +25,12 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, ClassVar
 
+from durable_rollouts.runtimes.labels import LABEL_DEADLINE, LABEL_KEY, owner_labels
+
+from ..client.tokens import derived_params, substrate_token
 from ..errors import ConfigError, ProviderError, ReadyTimeoutError
 from ..models import Endpoint, ProviderSpec, RuntimeConfig, Task
 from ..settings import ENV_PORT_VAR, RUN_TIMEOUT_VAR, var
-from durable_rollouts.runtimes.labels import LABEL_DEADLINE, LABEL_KEY, owner_labels
-from ..client.tokens import derived_params, substrate_token
 from .base import (
     CONTAINER_FIELDS,
     DurableProvider,

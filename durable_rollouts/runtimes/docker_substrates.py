@@ -10,8 +10,8 @@ import logging
 import socket
 
 from ..processes import pid_alive
-from .labels import LABEL_HOST, LABEL_KEY, LABEL_OWNER
 from .base import Substrate
+from .labels import LABEL_HOST, LABEL_KEY, LABEL_OWNER
 
 __all__ = ["force_remove", "labelled_containers"]
 

@@ -20,12 +20,20 @@ import logging
 from contextlib import suppress
 from typing import Any, ClassVar
 
+from durable_rollouts.runtimes.labels import LABEL_KEY, owner_labels
+
+from ..client.tokens import derived_params, substrate_token
 from ..errors import ConfigError, ProviderError, ReadyTimeoutError
 from ..models import Endpoint, ProviderSpec, RuntimeConfig, Task
 from ..settings import ENV_PORT_VAR, var
-from durable_rollouts.runtimes.labels import LABEL_KEY, owner_labels
-from ..client.tokens import derived_params, substrate_token
-from .base import CONTAINER_FIELDS, DurableProvider, Locality, container_name, merge_config, probe_ready
+from .base import (
+    CONTAINER_FIELDS,
+    DurableProvider,
+    Locality,
+    container_name,
+    merge_config,
+    probe_ready,
+)
 
 __all__ = ["ModalRuntime"]
 

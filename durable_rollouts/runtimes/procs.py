@@ -10,8 +10,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-from ..processes import pid_alive
 from ..paths import atomic_write
+from ..processes import pid_alive
 
 __all__ = [
     "is_env_server",

@@ -33,12 +33,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
+from ..client.tokens import derived_params, substrate_token
 from ..errors import ConfigError, ProviderError
 from ..models import Endpoint, ProviderSpec, Task
+from ..paths import safe_name
 from ..protocol import SERVE_PORT_ANNOUNCEMENT
 from ..settings import var
-from ..paths import safe_name
-from ..client.tokens import derived_params, substrate_token
 from .base import DurableProvider, Locality, probe_ready
 
 __all__ = ["SSHRuntime"]

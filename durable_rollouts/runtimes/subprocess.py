@@ -22,14 +22,14 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from ..errors import ConfigError, ProviderError, ReadyTimeoutError
+from ..locks import file_lock
 from ..models import Endpoint, ProviderSpec, Task
+from ..paths import rollouts_home, safe_name
 from ..processes import pid_alive, signal_process, stop_process_async
 from ..protocol import SERVE_PORT_ANNOUNCEMENT
-from .labels import LABEL_HOST, LABEL_KEY, LABEL_WORKFLOW, workflow_for_key
-from ..locks import file_lock
-from ..paths import rollouts_home, safe_name
-from .procs import is_env_server, read_state, spawner_gone, start_time, write_state
 from .base import DurableProvider, Locality, Substrate, log_tail
+from .labels import LABEL_HOST, LABEL_KEY, LABEL_WORKFLOW, workflow_for_key
+from .procs import is_env_server, read_state, spawner_gone, start_time, write_state
 
 __all__ = ["SubprocessRuntime", "substrate_dir", "substrates_root"]
 

@@ -9,12 +9,12 @@ reaches ``durable_rollouts.temporal.batches`` by name, on use.
 
 from __future__ import annotations
 
+from ..stores.tracestore import TraceStore
 from .agents import Agent, load_agent
 from .file_tracking import FileChange, FileChanges, file_tracking_observer
 from .job import GroupStats, Job
 from .run import Run
 from .taskset import Taskset
-from ..stores.tracestore import TraceStore
 
 __all__ = [
     "Agent",

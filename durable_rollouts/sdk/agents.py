@@ -16,10 +16,10 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError
 
-from ..moved import import_module as import_moved
 from ..errors import ConfigError
 from ..hud_detect import is_hud_agent_class, missing_hud
 from ..models import AgentSpec
+from ..moved import import_module as import_moved
 from .hud_compat import run_hud_agent
 
 if TYPE_CHECKING:

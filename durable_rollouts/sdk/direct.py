@@ -18,8 +18,8 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from ..ids import group_id, rollout_id
 from ..errors import ConfigError, ModelAPIError, SubstrateGoneError
+from ..ids import group_id, rollout_id
 from ..models import AgentSpec, Endpoint, Grade, ProviderSpec, Session, Step, Task, Trace
 from ..runtimes.base import DurableProvider
 from ..step_io import (
@@ -39,8 +39,8 @@ from ..steps.plan import Step as PlanStep
 from ..stores.tracestore import TraceStore
 from .agents import Agent, as_agent
 from .job import Job
-from .run import Run
 from .placement import resolve_placement
+from .run import Run
 from .taskset_hooks import check_taskset_flags
 from .validation import validate_batch
 

@@ -35,9 +35,9 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, Field
 
+from ..client.capabilities import find_binding, protocol_family
 from ..errors import InvalidStateError
 from ..models import Trace
-from ..client.capabilities import find_binding, protocol_family
 from .run import Run
 
 if TYPE_CHECKING:

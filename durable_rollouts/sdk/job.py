@@ -19,9 +19,9 @@ from pathlib import Path
 from typing import Any
 
 from ..models import ERROR_STATUSES, AgentSpec, RolloutResult
+from ..stores.tracestore import TraceStore
 from .export_formats import check_format, write_lines
 from .run import Run
-from ..stores.tracestore import TraceStore
 
 __all__ = ["GroupStats", "Job", "mark_dropped"]
 

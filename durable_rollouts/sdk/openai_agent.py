@@ -38,10 +38,10 @@ from typing import TYPE_CHECKING, Any, Literal
 import httpx
 from pydantic import Field
 
+from ..client.capabilities import close_capability, open_capability, protocol_family
 from ..errors import ConfigError, ModelAPIError
 from ..models import Step
 from .agents import Agent
-from ..client.capabilities import close_capability, open_capability, protocol_family
 
 if TYPE_CHECKING:
     from .run import Run

@@ -28,11 +28,11 @@ from typing import Any
 
 from ..errors import ConfigError
 from ..models import ProviderSpec, Task
+from ..stores.tracestore import TraceStore
 from .job import Job
 from .replay_agent import REPLAY_LINK, ReplayAgent, ReplayEntry, ReplayManifest, entry_key
 from .saved_rollouts import SavedRollout, from_run, read_export
 from .taskset import DURABLE_EXECUTOR, Taskset
-from ..stores.tracestore import TraceStore
 
 __all__ = ["RegradeSummary", "ReplayBatch", "ReplayTaskset", "RewardChange", "check_grader",
            "is_export_path", "plan_batches", "replay_taskset"]

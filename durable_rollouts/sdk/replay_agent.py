@@ -20,10 +20,10 @@ from pydantic import Field
 
 from ..errors import ConfigError
 from ..models import StrictModel
-from .agents import Agent
 from ..stores.blobs import default_blobs
-from .run import Run
 from ..stores.tracestore import TraceStore
+from .agents import Agent
+from .run import Run
 
 __all__ = ["REPLAY_LINK", "ReplayAgent", "ReplayEntry", "ReplayManifest", "entry_key"]
 

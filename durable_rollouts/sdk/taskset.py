@@ -18,10 +18,10 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
-from ..moved import import_module as import_moved
 from ..errors import ConfigError
 from ..hud_detect import is_hud_task, is_hud_taskset, missing_hud
 from ..models import Task
+from ..moved import import_module as import_moved
 from .hud_compat import task_from_hud
 from .job import Job
 from .placement import resolve_placement

@@ -17,12 +17,12 @@ import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 
+from ..client import channel, kept
+from ..client.envclient import EnvClient
 from ..models import Step, TaskCall, Trace, TraceRef
 from ..step_io import AgentInput, AgentResult, Checkpoint
-from ..client import channel, kept
-from .agent_call import AgentLike, RunLike, call_agent
-from ..client.envclient import EnvClient
 from ..stores.tracestore import TraceStore
+from .agent_call import AgentLike, RunLike, call_agent
 
 __all__ = ["Checkpointer", "RunFactory", "agent_channel", "astore_result", "execute_agent", "run_agent"]
 

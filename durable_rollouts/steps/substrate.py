@@ -15,19 +15,19 @@ import contextlib
 from pathlib import Path
 from typing import Any
 
+from ..client import channel, kept
 from ..errors import SessionGoneError
 from ..models import Endpoint, Grade, Session
+from ..paths import rollouts_home, safe_name
+from ..runtimes import DurableProvider, provider_from_spec
 from ..step_io import (
     ConnectInput,
     GradeInput,
     ProvisionInput,
-    StartInput,
     Started,
+    StartInput,
     TeardownInput,
 )
-from ..client import channel, kept
-from ..paths import rollouts_home, safe_name
-from ..runtimes import DurableProvider, provider_from_spec
 
 __all__ = [
     "actor_result",

@@ -13,10 +13,6 @@ from __future__ import annotations
 
 import contextlib
 
-from ..errors import ConfigError, ProtocolError
-from ..models import Grade, Task
-from ..step_io import VerifierSession, VerifyInput
-from ..runtimes import DurableProvider, provider_from_spec
 from ..client.channel import (
     REFUSED_LIMIT,
     RESUME_TIMEOUT_S,
@@ -29,6 +25,10 @@ from ..client.channel import (
     start_task,
     to_grade,
 )
+from ..errors import ConfigError, ProtocolError
+from ..models import Grade, Task
+from ..runtimes import DurableProvider, provider_from_spec
+from ..step_io import VerifierSession, VerifyInput
 from .substrate import teardown_with
 
 __all__ = ["close_verifier", "grade_verifier", "open_verifier", "shares_actor_server"]

@@ -15,12 +15,6 @@ import json
 from pathlib import Path
 from typing import Any
 
-from ..errors import ConfigError, ProtocolError
-from ..models import Grade, Task
-from ..step_io import VerifyInput
-from ..client.envclient import EnvClient
-from ..paths import atomic_write
-from ..runtimes import DurableProvider, provider_from_spec
 from ..client.channel import (
     REFUSED_LIMIT,
     RESUME_TIMEOUT_S,
@@ -30,6 +24,12 @@ from ..client.channel import (
     start_task,
     to_grade,
 )
+from ..client.envclient import EnvClient
+from ..errors import ConfigError, ProtocolError
+from ..models import Grade, Task
+from ..paths import atomic_write
+from ..runtimes import DurableProvider, provider_from_spec
+from ..step_io import VerifyInput
 from .substrate import verdict_path
 
 __all__ = ["verify"]

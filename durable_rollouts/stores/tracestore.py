@@ -16,8 +16,8 @@ from typing import Any
 from urllib.parse import unquote, urlparse
 
 from ..models import Trace, TraceRef
-from .blobs import default_blobs
 from ..paths import rollouts_home
+from .blobs import default_blobs
 
 __all__ = ["TraceStore"]
 

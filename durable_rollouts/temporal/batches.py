@@ -33,13 +33,18 @@ from durable_rollouts.models import Task
 from durable_rollouts.release import MEMO_KEY, release_name
 from durable_rollouts.sdk import lifetime
 from durable_rollouts.sdk.agents import as_agent, check_remote
-from durable_rollouts.sdk.placement import check_remote_provider
 from durable_rollouts.sdk.job import Job, mark_dropped
+from durable_rollouts.sdk.placement import check_remote_provider
 from durable_rollouts.sdk.run import Run
-from durable_rollouts.stores.tracestore import TraceStore
 from durable_rollouts.sdk.validation import validate_batch
 from durable_rollouts.settings import settings
-from durable_rollouts.temporal.connection import connect_client, ensure_search_attributes, resolve_address
+from durable_rollouts.stores.row_pages import MAX_EPOCHS, check_epochs, manifest_bytes, put_pages
+from durable_rollouts.stores.tracestore import TraceStore
+from durable_rollouts.temporal.connection import (
+    connect_client,
+    ensure_search_attributes,
+    resolve_address,
+)
 from durable_rollouts.temporal.jobs import (
     batch_descriptions,
     dedupe_latest,
@@ -48,7 +53,6 @@ from durable_rollouts.temporal.jobs import (
     run_from_result,
 )
 from durable_rollouts.temporal.queues import batch_queue
-from durable_rollouts.stores.row_pages import MAX_EPOCHS, check_epochs, manifest_bytes, put_pages
 from durable_rollouts.workflows import TasksetRun, workflow_id
 from durable_rollouts.workflows.stream import PolicyRef, StreamOptions
 from durable_rollouts.workflows.types import (

@@ -31,12 +31,12 @@ from pathlib import Path
 
 from temporalio.client import Client
 
-from durable_rollouts.temporal.codec import data_converter
 from durable_rollouts.errors import ConfigError
-from durable_rollouts.processes import pid_alive, stop_process
 from durable_rollouts.locks import file_lock
 from durable_rollouts.paths import rollouts_home
+from durable_rollouts.processes import pid_alive, stop_process
 from durable_rollouts.settings import settings, var
+from durable_rollouts.temporal.codec import data_converter
 from durable_rollouts.workflows.types import SEARCH_ATTRIBUTES
 
 __all__ = [

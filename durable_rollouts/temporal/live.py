@@ -19,13 +19,18 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from temporalio.client import Client, WorkflowExecutionStatus, WorkflowHandle, WorkflowUpdateFailedError
+from temporalio.client import (
+    Client,
+    WorkflowExecutionStatus,
+    WorkflowHandle,
+    WorkflowUpdateFailedError,
+)
 from temporalio.service import RPCError
 
 from ..errors import ConfigError, DurableRolloutsError
-from ..settings import settings
 from ..sdk.job import Job
 from ..sdk.run import Run
+from ..settings import settings
 from ..stores.tracestore import TraceStore
 from ..workflows import TasksetRun, TasksetRunInput, TasksetRunResult, workflow_id
 from ..workflows.stream import (

@@ -42,7 +42,9 @@ class RolloutsPlugin(SimplePlugin):
 
     def __init__(self, *, task_queue: str = DEFAULT_TASK_QUEUE,
                  trace_store: TraceStore | None = None) -> None:
-        from durable_rollouts.worker import worker_parts  # lazy: the worker layer sits above this one
+        from durable_rollouts.worker import (
+            worker_parts,  # lazy: the worker layer sits above this one
+        )
 
         parts = worker_parts(Queues(shared=task_queue), trace_store=trace_store)
         super().__init__(

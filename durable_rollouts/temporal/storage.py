@@ -41,11 +41,11 @@ from temporalio.converter import (
 )
 
 from durable_rollouts.errors import ConfigError
+from durable_rollouts.paths import atomic_write, rollouts_home
+from durable_rollouts.settings import settings, var
 from durable_rollouts.stores.blobs import register_blobs
 from durable_rollouts.temporal.encryption import AESGCMCodec
 from durable_rollouts.temporal.storage_loop import LOOP
-from durable_rollouts.paths import atomic_write, rollouts_home
-from durable_rollouts.settings import settings, var
 
 __all__ = [
     "BLOB_SCHEME",

@@ -7,8 +7,8 @@ activities are referenced by name (see ``types``). Never import envserver, sdk o
 
 from __future__ import annotations
 
-from durable_rollouts.workflows.rollout import Rollout
 from durable_rollouts.ids import child_id, group_id, rollout_id, workflow_id
+from durable_rollouts.workflows.rollout import Rollout
 from durable_rollouts.workflows.taskset_run import TasksetRun
 from durable_rollouts.workflows.types import (
     DEFAULT_TASK_QUEUE,

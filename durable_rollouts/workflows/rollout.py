@@ -32,6 +32,7 @@ from typing import Any
 from temporalio import workflow
 
 with workflow.unsafe.imports_passed_through():
+    from durable_rollouts.admission import SIG_ADMITTED, AdmissionTicket
     from durable_rollouts.models import Endpoint, Grade, RolloutResult, Session
     from durable_rollouts.step_io import (
         AgentInput,
@@ -41,13 +42,12 @@ with workflow.unsafe.imports_passed_through():
         ConnectInput,
         GradeInput,
         ProvisionInput,
-        StartInput,
         Started,
+        StartInput,
         TeardownInput,
         VerifierSession,
         VerifyInput,
     )
-    from durable_rollouts.admission import SIG_ADMITTED, AdmissionTicket
     from durable_rollouts.workflows import outcome
     from durable_rollouts.workflows.admission import admitted
     from durable_rollouts.workflows.checkpoints import AgentTurns

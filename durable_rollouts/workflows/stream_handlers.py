@@ -21,7 +21,6 @@ from temporalio.exceptions import ActivityError
 
 with workflow.unsafe.imports_passed_through():
     from durable_rollouts.ids import group_id
-    from durable_rollouts.workflows.types import TasksetRunInput
     from durable_rollouts.workflows.stream import (
         AckRequest,
         PolicyRef,
@@ -39,6 +38,7 @@ with workflow.unsafe.imports_passed_through():
         StreamManifestInput,
         StreamPageInput,
     )
+    from durable_rollouts.workflows.types import TasksetRunInput
 
 __all__ = ["StreamHandlers"]
 

@@ -19,13 +19,18 @@ from datetime import timedelta
 from typing import Any
 
 from temporalio import workflow
-from temporalio.common import RetryPolicy, SearchAttributeKey, SearchAttributePair, TypedSearchAttributes
+from temporalio.common import (
+    RetryPolicy,
+    SearchAttributeKey,
+    SearchAttributePair,
+    TypedSearchAttributes,
+)
 from temporalio.exceptions import ActivityError, ChildWorkflowError
 from temporalio.workflow import ParentClosePolicy
 
 with workflow.unsafe.imports_passed_through():
-    from durable_rollouts.models import RetryAttempt, RolloutResult, Task
     from durable_rollouts.ids import child_id, group_id, rollout_id, workflow_id
+    from durable_rollouts.models import RetryAttempt, RolloutResult, Task
     from durable_rollouts.workflows.rollout import Rollout
     from durable_rollouts.workflows.stream import StreamState
     from durable_rollouts.workflows.stream_handlers import StreamHandlers
@@ -33,9 +38,9 @@ with workflow.unsafe.imports_passed_through():
         ACT_LOAD_ROWS,
         ACT_RESOLVE,
         ACT_STORE_RESULTS,
+        CARD_LAYOUT,
         ERROR_STATUSES,
         RETRYABLE_STATUSES,
-        CARD_LAYOUT,
         LoadRowsInput,
         Progress,
         ResolveGroupInput,

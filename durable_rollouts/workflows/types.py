@@ -12,8 +12,6 @@ from typing import Literal
 from pydantic import Field
 
 from durable_rollouts.admission import Admission
-from durable_rollouts.workflows.stream import PolicyRef, StreamOptions, StreamState
-from durable_rollouts.steps.plan import AGENT_HEARTBEAT_S
 from durable_rollouts.models import (
     ERROR_STATUSES,
     RETRYABLE_STATUSES,
@@ -24,6 +22,8 @@ from durable_rollouts.models import (
     StrictModel,
     Task,
 )
+from durable_rollouts.steps.plan import AGENT_HEARTBEAT_S
+from durable_rollouts.workflows.stream import PolicyRef, StreamOptions, StreamState
 
 __all__ = [
     "ACT_ADMIT",

@@ -19,11 +19,11 @@ from temporalio.exceptions import ApplicationError
 from durable_rollouts.activities.failures import map_errors
 from durable_rollouts.errors import ModelAPIError
 from durable_rollouts.models import Task
+from durable_rollouts.runtimes import LocalRuntime, SubprocessRuntime
 from durable_rollouts.sdk.direct import run_direct
 from durable_rollouts.sdk.openai_agent import OpenAIChatAgent
-from durable_rollouts.temporal.batches import start_job
-from durable_rollouts.runtimes import LocalRuntime, SubprocessRuntime
 from durable_rollouts.sdk.taskset import Taskset
+from durable_rollouts.temporal.batches import start_job
 
 pytestmark = pytest.mark.timeout(180)
 needs_bwrap = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap not installed")

@@ -18,10 +18,10 @@ from agent_helpers import STEPS_ENV, TurnsAgent, tool_results
 from temporal_helpers import async_wait_for, read_lines
 
 from durable_rollouts.models import Task
-from durable_rollouts.sdk.openai_agent import OpenAIChatAgent
-from durable_rollouts.temporal.batches import start_job
 from durable_rollouts.runtimes import LocalRuntime, SubprocessRuntime
+from durable_rollouts.sdk.openai_agent import OpenAIChatAgent
 from durable_rollouts.sdk.taskset import Taskset
+from durable_rollouts.temporal.batches import start_job
 
 pytestmark = [pytest.mark.timeout(180),
               pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap not installed")]

@@ -21,9 +21,9 @@ from fastmcp import FastMCP
 from hud_probe import CASES
 
 from durable_rollouts import Capability, Environment
+from durable_rollouts.client.envclient import connect
 from durable_rollouts.envserver import serving
 from durable_rollouts.errors import ConfigError
-from durable_rollouts.client.envclient import connect
 
 HERE = Path(__file__).parent
 RECORDED = json.loads((HERE / "hud_0_6_21_bindings.json").read_text())

@@ -9,18 +9,18 @@ from pathlib import Path
 import pytest
 from fastmcp import FastMCP
 
-from durable_rollouts.envserver import Capability, Environment, serving
-from durable_rollouts.errors import ConfigError
 from durable_rollouts.client.capabilities import (
     CapabilityNotFoundError,
     _is_transient,
     close_capability,
     open_capability,
 )
-from durable_rollouts.sdk.agents import Agent
 from durable_rollouts.client.envclient import connect
-from durable_rollouts.sdk.direct import run_direct
+from durable_rollouts.envserver import Capability, Environment, serving
+from durable_rollouts.errors import ConfigError
 from durable_rollouts.runtimes import LocalRuntime
+from durable_rollouts.sdk.agents import Agent
+from durable_rollouts.sdk.direct import run_direct
 from durable_rollouts.sdk.run import Run
 from durable_rollouts.sdk.taskset import Taskset
 

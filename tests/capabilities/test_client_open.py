@@ -13,10 +13,10 @@ import pytest
 from mcp_tools import calculator
 
 from durable_rollouts import Capability, Environment
-from durable_rollouts.envserver import serving
-from durable_rollouts.errors import ConfigError, InvalidStateError
 from durable_rollouts.client.capabilities import CapabilityNotFoundError
 from durable_rollouts.client.envclient import connect
+from durable_rollouts.envserver import serving
+from durable_rollouts.errors import ConfigError, InvalidStateError
 from durable_rollouts.sdk.run import Run
 
 

@@ -13,14 +13,14 @@ from pathlib import Path
 import pytest
 
 from durable_rollouts import Capability, Environment, Taskset, file_tracking_observer
+from durable_rollouts.client.capabilities import CapabilityNotFoundError
+from durable_rollouts.client.envclient import connect
 from durable_rollouts.envserver import serving
 from durable_rollouts.errors import InvalidStateError
 from durable_rollouts.models import Trace
-from durable_rollouts.sdk.agents import Agent
-from durable_rollouts.client.capabilities import CapabilityNotFoundError
-from durable_rollouts.client.envclient import connect
-from durable_rollouts.sdk.direct import run_direct
 from durable_rollouts.runtimes import LocalRuntime
+from durable_rollouts.sdk.agents import Agent
+from durable_rollouts.sdk.direct import run_direct
 from durable_rollouts.sdk.run import Run
 
 REPO = Path(__file__).resolve().parents[2]

@@ -10,13 +10,13 @@ from collections.abc import AsyncIterator
 
 import pytest
 from fastmcp import FastMCP
+from mcp_tools import calculator
 
+from durable_rollouts.client.capabilities import close_capability, open_capability
+from durable_rollouts.client.envclient import connect
 from durable_rollouts.envserver import Environment, serving
 from durable_rollouts.envserver.mcp import McpService, add_mcp
 from durable_rollouts.errors import EnvError
-from durable_rollouts.client.capabilities import close_capability, open_capability
-from durable_rollouts.client.envclient import connect
-from mcp_tools import calculator
 
 
 async def test_an_mcp_tool_is_called_through_the_tunnel() -> None:

@@ -12,11 +12,11 @@ from typing import Any
 import pytest
 from scripted_llm import final, tool_call
 
+from durable_rollouts.runtimes import LocalRuntime
 from durable_rollouts.sdk.direct import run_direct
 from durable_rollouts.sdk.openai_agent import OpenAIChatAgent
-from durable_rollouts.runtimes import LocalRuntime
-from durable_rollouts.stores.tracestore import TraceStore
 from durable_rollouts.sdk.taskset import Taskset
+from durable_rollouts.stores.tracestore import TraceStore
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 SECRET = "sk-h6-test-NEVER-IN-TRACES-8c1f"
@@ -164,7 +164,11 @@ async def test_openai_agent_fixes_the_coding_example_on_the_durable_path(
     import uuid
 
     from durable_rollouts.temporal.batches import shutdown_embedded
-    from durable_rollouts.temporal.connection import connect_client, ensure_dev_server, stop_dev_server
+    from durable_rollouts.temporal.connection import (
+        connect_client,
+        ensure_dev_server,
+        stop_dev_server,
+    )
 
     monkeypatch.setenv("H6_TEST_API_KEY", SECRET)
     llm = await scripted_llm([tool_call("shell", {"command": "cat mathutils.py"}), _fix, final("fixed")])

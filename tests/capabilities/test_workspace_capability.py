@@ -14,12 +14,12 @@ from typing import Any
 import asyncssh
 import pytest
 
+from durable_rollouts.client.capabilities import close_capability, open_capability
+from durable_rollouts.client.envclient import connect
 from durable_rollouts.envserver import Environment, serving
 from durable_rollouts.envserver import workspace as workspace_module
 from durable_rollouts.envserver.workspace import Workspace, add_workspace
 from durable_rollouts.errors import EnvError
-from durable_rollouts.client.capabilities import close_capability, open_capability
-from durable_rollouts.client.envclient import connect
 
 needs_bwrap = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap not installed")
 

@@ -41,7 +41,14 @@ from pathlib import Path
 from typing import Any
 
 from agent_helpers import TurnsAgent
-from temporal_helpers import ENV_FILE, CountingAgent, DevServer, WorkerProcess, async_wait_for, read_lines
+from temporal_helpers import (
+    ENV_FILE,
+    CountingAgent,
+    DevServer,
+    WorkerProcess,
+    async_wait_for,
+    read_lines,
+)
 
 HERE = Path(__file__).resolve().parent
 TEMPORAL_TESTS = HERE.parent / "temporal"
@@ -49,11 +56,11 @@ AGENT_TESTS = HERE.parent / "agents"
 
 from durable_rollouts.models import Task
 from durable_rollouts.protocol import SERVE_PORT_ANNOUNCEMENT
-from durable_rollouts.temporal.batches import start_job
 from durable_rollouts.runtimes import Runtime, SubprocessRuntime
 from durable_rollouts.sdk.taskset import Taskset
-from durable_rollouts.temporal.connection import connect_client
 from durable_rollouts.stores.tracestore import TraceStore
+from durable_rollouts.temporal.batches import start_job
+from durable_rollouts.temporal.connection import connect_client
 
 # worker SIGKILLed at a fault point (tests/temporal/faults.py, via `python -m fault_worker`) during each step
 KILL_POINTS = {

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from chaos_cells import TEMPORAL_TESTS, CuttingProxy, _start_env_server
 
-from durable_rollouts.errors import ConnectionLostError
 from durable_rollouts.client.envclient import connect
+from durable_rollouts.errors import ConnectionLostError
 
 
 async def test_reply_cut_mid_frame_is_a_lost_connection_not_a_bad_frame(tmp_path: Path) -> None:

@@ -6,14 +6,14 @@ from pathlib import Path
 
 import pytest
 
-from durable_rollouts.cli.views import find_run
-from durable_rollouts.temporal.jobs import dedupe_latest
 from durable_rollouts.cli.render import export_record, task_summary, trace_text, ui_link
-from durable_rollouts.temporal.select import parse_only, selected
 from durable_rollouts.cli.specs import load_agent_spec, parse_json_object, parse_runtime
+from durable_rollouts.cli.views import find_run
 from durable_rollouts.errors import ConfigError
 from durable_rollouts.models import Grade, RolloutResult, Step, Task, TaskCall, Trace
 from durable_rollouts.sdk.run import Run
+from durable_rollouts.temporal.jobs import dedupe_latest
+from durable_rollouts.temporal.select import parse_only, selected
 
 LETTERS = Path(__file__).resolve().parents[2] / "examples" / "letters" / "env.py"
 

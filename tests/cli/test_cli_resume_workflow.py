@@ -9,12 +9,12 @@ from cli_helpers import LETTERS
 from flaky_agent import FlakyAgent
 
 from durable_rollouts import session
-from durable_rollouts.temporal.jobs import load_job
-from durable_rollouts.temporal.resume import plan_resume, start_resume
-from durable_rollouts.temporal.batches import get_job, run_taskset
 from durable_rollouts.runtimes import LocalRuntime
 from durable_rollouts.sdk.taskset import Taskset
+from durable_rollouts.temporal.batches import get_job, run_taskset
 from durable_rollouts.temporal.connection import connect_client
+from durable_rollouts.temporal.jobs import load_job
+from durable_rollouts.temporal.resume import plan_resume, start_resume
 from durable_rollouts.worker import build_worker
 
 

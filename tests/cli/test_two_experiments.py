@@ -11,7 +11,6 @@ process (the agents log their pid).
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path

@@ -14,11 +14,11 @@ import pytest
 from envserver_helpers import RawConn, make_env, read_port
 
 from durable_rollouts.activities.failures import map_errors
+from durable_rollouts.client.envclient import connect
 from durable_rollouts.envserver import EnvServer, serving
 from durable_rollouts.envserver.server import DEFAULT_MAX_CONNECTIONS, DEFAULT_MAX_TASKS
 from durable_rollouts.errors import ConfigError, ProtocolError, ServerBusyError
 from durable_rollouts.protocol import ErrorCode, error_from_frame
-from durable_rollouts.client.envclient import connect
 from durable_rollouts.workflows.types import MAX_CONCURRENT
 
 BUSY = -32002

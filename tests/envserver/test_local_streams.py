@@ -13,10 +13,10 @@ import threading
 import pytest
 from envserver_helpers import make_env
 
+from durable_rollouts.client.envclient import connect
 from durable_rollouts.envserver import serving
 from durable_rollouts.envserver.sessions import SessionState
 from durable_rollouts.errors import ProtocolError
-from durable_rollouts.client.envclient import connect
 from durable_rollouts.streams import open_stream
 
 

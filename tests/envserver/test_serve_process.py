@@ -11,8 +11,8 @@ from pathlib import Path
 
 from envserver_helpers import read_port
 
-from durable_rollouts.protocol import SERVE_PORT_ANNOUNCEMENT
 from durable_rollouts.client.envclient import connect
+from durable_rollouts.protocol import SERVE_PORT_ANNOUNCEMENT
 
 LETTERS = Path(__file__).resolve().parents[2] / "examples" / "letters" / "env.py"
 

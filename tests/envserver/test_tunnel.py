@@ -9,9 +9,9 @@ from urllib.parse import urlsplit
 
 import pytest
 
+from durable_rollouts.client.envclient import connect
 from durable_rollouts.envserver import Capability, Environment, EnvServer, serving
 from durable_rollouts.errors import ConfigError
-from durable_rollouts.client.envclient import connect
 
 
 @pytest.fixture

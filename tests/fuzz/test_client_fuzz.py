@@ -11,8 +11,8 @@ from fuzz_strategies import any_line, ids, json_values
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from durable_rollouts.errors import ConnectionLostError, ProtocolError
 from durable_rollouts.client.envclient import EnvClient, _Stream
+from durable_rollouts.errors import ConnectionLostError, ProtocolError
 
 replies = st.one_of(
     any_line,

@@ -20,10 +20,10 @@ from typing import Any
 
 import pytest
 
+from durable_rollouts.client.envclient import EnvClient, _Stream
 from durable_rollouts.envserver import Environment, serving
 from durable_rollouts.errors import ProtocolError
 from durable_rollouts.protocol import LineProtocol, encode_frame
-from durable_rollouts.client.envclient import EnvClient, _Stream
 
 
 def _strict(line: bytes) -> Any:

@@ -40,15 +40,22 @@ if __name__ == "__main__" and not os.environ.get("PYTHONPATH", "").startswith(SE
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (SEARCH, os.environ.get("PYTHONPATH")) if p)
     os.execv(sys.executable, sys.orig_argv)
 
-from temporal_helpers import ENV_FILE, CountingAgent, DevServer, WorkerProcess, async_wait_for, read_lines  # noqa: E402
+from temporal_helpers import (  # noqa: E402
+    ENV_FILE,
+    CountingAgent,
+    DevServer,
+    WorkerProcess,
+    async_wait_for,
+    read_lines,
+)
 
 from durable_rollouts.models import Task  # noqa: E402
+from durable_rollouts.runtimes import LocalRuntime, SubprocessRuntime  # noqa: E402
 from durable_rollouts.sdk.agents import FixedAgent, TableAgent  # noqa: E402
 from durable_rollouts.sdk.job import Job  # noqa: E402
 from durable_rollouts.sdk.lifetime import session  # noqa: E402
-from durable_rollouts.temporal.batches import JobHandle, shutdown_embedded, start_job  # noqa: E402
-from durable_rollouts.runtimes import LocalRuntime, SubprocessRuntime  # noqa: E402
 from durable_rollouts.sdk.taskset import Taskset  # noqa: E402
+from durable_rollouts.temporal.batches import JobHandle, shutdown_embedded, start_job  # noqa: E402
 from durable_rollouts.temporal.connection import connect_client  # noqa: E402
 
 CONTINUED = "EVENT_TYPE_WORKFLOW_EXECUTION_CONTINUED_AS_NEW"

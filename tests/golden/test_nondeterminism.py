@@ -26,15 +26,15 @@ from temporalio.worker import Replayer, UnsandboxedWorkflowRunner
 from temporalio.workflow import NondeterminismError
 
 from durable_rollouts import worker as worker_module
+from durable_rollouts.models import RolloutResult, Task
+from durable_rollouts.release import MEMO_KEY, release_name
+from durable_rollouts.runtimes import LocalRuntime
+from durable_rollouts.sdk.agents import SleepAgent
+from durable_rollouts.sdk.taskset import Taskset
+from durable_rollouts.temporal.batches import start_job
 from durable_rollouts.temporal.codec import data_converter
 from durable_rollouts.temporal.jobs import load_job
 from durable_rollouts.temporal.resume import plan_resume, start_resume
-from durable_rollouts.models import RolloutResult, Task
-from durable_rollouts.release import MEMO_KEY, release_name
-from durable_rollouts.sdk.agents import SleepAgent
-from durable_rollouts.temporal.batches import start_job
-from durable_rollouts.runtimes import LocalRuntime
-from durable_rollouts.sdk.taskset import Taskset
 from durable_rollouts.workflows import Rollout, TasksetRun, rollout_id
 from durable_rollouts.workflows.legacy import LegacyRollout
 from durable_rollouts.workflows.rollout import CardRollout

@@ -7,15 +7,15 @@ import pytest
 
 hud = pytest.importorskip("hud", reason="needs the hud package (HUD v6): pip install 'durable-rollouts[hud]'")
 
-from hud_paths import QUICKSTART  # noqa: E402
 from hud_agents import LetterCounter, SuffixConfig, Suffixed, Unreachable  # noqa: E402
+from hud_paths import QUICKSTART  # noqa: E402
 
 from durable_rollouts import Taskset  # noqa: E402
 from durable_rollouts.errors import ConfigError  # noqa: E402
 from durable_rollouts.models import AgentSpec  # noqa: E402
+from durable_rollouts.runtimes import LocalRuntime  # noqa: E402
 from durable_rollouts.sdk.agents import HudAgent, as_agent, load_agent  # noqa: E402
 from durable_rollouts.sdk.direct import run_direct  # noqa: E402
-from durable_rollouts.runtimes import LocalRuntime  # noqa: E402
 from durable_rollouts.temporal.batches import run_taskset  # noqa: E402
 
 

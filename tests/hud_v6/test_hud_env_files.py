@@ -15,13 +15,13 @@ import pytest
 hud = pytest.importorskip("hud", reason="needs the hud package (HUD v6): pip install 'durable-rollouts[hud]'")
 
 from cli_helpers import rollouts, rollouts_cmd  # noqa: E402
-from hud_paths import MCP_ENV, QUICKSTART, announced  # noqa: E402
 from hud_agents import LetterCounter, ToolCaller  # noqa: E402
+from hud_paths import MCP_ENV, QUICKSTART, announced  # noqa: E402
 
 from durable_rollouts import Task, Taskset  # noqa: E402
 from durable_rollouts.protocol import SERVE_PORT_ANNOUNCEMENT  # noqa: E402
-from durable_rollouts.sdk.direct import run_direct  # noqa: E402
 from durable_rollouts.runtimes import LocalRuntime, SubprocessRuntime  # noqa: E402
+from durable_rollouts.sdk.direct import run_direct  # noqa: E402
 
 AGENTS = Path(__file__).resolve().parent / "hud_agents.py"
 

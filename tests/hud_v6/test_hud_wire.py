@@ -16,21 +16,21 @@ import pytest
 
 hud = pytest.importorskip("hud", reason="needs the hud package (HUD v6): pip install 'durable-rollouts[hud]'")
 
-from hud_paths import QUICKSTART  # noqa: E402
 from hud.agents.base import Agent as HudAgentBase  # noqa: E402
 from hud.capabilities import Connection  # noqa: E402
 from hud.clients import HudProtocolError  # noqa: E402
 from hud.environment.egress import WorkspaceRoute  # noqa: E402
+from hud_paths import QUICKSTART  # noqa: E402
 from pydantic import BaseModel  # noqa: E402
 
 from durable_rollouts import Environment  # noqa: E402
+from durable_rollouts.client.envclient import connect  # noqa: E402
 from durable_rollouts.envserver import serving  # noqa: E402
 from durable_rollouts.errors import ConfigError  # noqa: E402
 from durable_rollouts.models import Task  # noqa: E402
-from durable_rollouts.steps import substrate as steps  # noqa: E402
-from durable_rollouts.client.envclient import connect  # noqa: E402
 from durable_rollouts.runtimes import Runtime  # noqa: E402
 from durable_rollouts.step_io import ConnectInput, GradeInput, StartInput, TeardownInput  # noqa: E402
+from durable_rollouts.steps import substrate as steps  # noqa: E402
 
 LETTERS = Path(__file__).resolve().parents[2] / "examples" / "letters" / "env.py"
 

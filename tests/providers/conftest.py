@@ -33,8 +33,9 @@ def _sources_digest() -> str:
 
 
 def _docker_client():  # type: ignore[no-untyped-def]
-    import docker
     from docker.errors import DockerException
+
+    import docker
 
     try:
         client = docker.from_env()

@@ -45,7 +45,6 @@ from typing import Any
 
 import asyncssh
 from aiohttp import web
-
 from substrates_support import LoopThread
 
 API_KEY = "standin-api-key"

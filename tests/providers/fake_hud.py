@@ -35,9 +35,9 @@ from pathlib import Path
 from typing import Any
 
 from aiohttp import WSMsgType, web
+from substrates_support import LoopThread
 
 from durable_rollouts.protocol import SERVE_PORT_ANNOUNCEMENT
-from substrates_support import LoopThread
 
 API_KEY = "standin-hud-key"
 

@@ -23,10 +23,21 @@ from pathlib import Path
 
 import asyncssh
 import pytest
+from fake_daytona import API_KEY, DaytonaStandIn
+from substrates_support import ENV_IMAGE_DIR, REPO
 
+from durable_rollouts.client.envclient import connect
+from durable_rollouts.client.tokens import substrate_token
 from durable_rollouts.envserver import load_environment
 from durable_rollouts.errors import ConfigError, ProviderError
 from durable_rollouts.models import RuntimeConfig
+from durable_rollouts.runtimes import daytona as daytona_module
+from durable_rollouts.runtimes import provider_from_spec
+from durable_rollouts.runtimes.base import container_name
+from durable_rollouts.runtimes.daytona import DaytonaRuntime
+from durable_rollouts.sdk.agents import FixedAgent
+from durable_rollouts.sdk.direct import run_direct
+from durable_rollouts.sdk.taskset import Taskset
 from durable_rollouts.step_io import (
     ConnectInput,
     GradeInput,
@@ -35,18 +46,6 @@ from durable_rollouts.step_io import (
     TeardownInput,
 )
 from durable_rollouts.steps import substrate as steps
-from durable_rollouts.sdk.agents import FixedAgent
-from durable_rollouts.client.envclient import connect
-from durable_rollouts.sdk.direct import run_direct
-from durable_rollouts.runtimes import daytona as daytona_module
-from durable_rollouts.runtimes import provider_from_spec
-from durable_rollouts.runtimes.base import container_name
-from durable_rollouts.runtimes.daytona import DaytonaRuntime
-from durable_rollouts.sdk.taskset import Taskset
-from durable_rollouts.client.tokens import substrate_token
-
-from fake_daytona import API_KEY, DaytonaStandIn
-from substrates_support import ENV_IMAGE_DIR, REPO
 
 LETTERS = REPO / "examples" / "letters"
 ENV = load_environment(str(LETTERS / "env.py"))

@@ -17,8 +17,8 @@ from fake_daytona import API_KEY, DaytonaStandIn
 from substrates_support import REPO
 
 from durable_rollouts.envserver import load_environment
-from durable_rollouts.sdk.agents import FixedAgent
 from durable_rollouts.runtimes.daytona import DaytonaRuntime
+from durable_rollouts.sdk.agents import FixedAgent
 
 pytestmark = pytest.mark.slow
 

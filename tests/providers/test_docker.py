@@ -13,19 +13,18 @@ import uuid
 from pathlib import Path
 
 import pytest
+from substrates_support import ENV_IMAGE_DIR, TEST_KEY_PREFIX, containers_for
 
+from durable_rollouts.client.envclient import connect
+from durable_rollouts.client.tokens import substrate_token
 from durable_rollouts.envserver import load_environment
 from durable_rollouts.errors import ConfigError, ProviderError
-from durable_rollouts.models import RuntimeConfig, Task
-from durable_rollouts.sdk.agents import FixedAgent
-from durable_rollouts.client.envclient import connect
-from durable_rollouts.sdk.direct import run_direct
 from durable_rollouts.gc import LABEL_DEADLINE, LABEL_OWNER, collect, find_orphans
+from durable_rollouts.models import RuntimeConfig, Task
 from durable_rollouts.runtimes.docker import DockerRuntime
+from durable_rollouts.sdk.agents import FixedAgent
+from durable_rollouts.sdk.direct import run_direct
 from durable_rollouts.sdk.taskset import Taskset
-from durable_rollouts.client.tokens import substrate_token
-
-from substrates_support import ENV_IMAGE_DIR, TEST_KEY_PREFIX, containers_for
 
 pytestmark = pytest.mark.docker
 

@@ -21,8 +21,8 @@ from temporal_helpers import WorkerProcess
 
 from durable_rollouts.envserver import load_environment
 from durable_rollouts.gc import collect, find_orphans
-from durable_rollouts.sdk.agents import FixedAgent
 from durable_rollouts.runtimes.docker import DockerRuntime
+from durable_rollouts.sdk.agents import FixedAgent
 from durable_rollouts.sdk.taskset import Taskset
 from durable_rollouts.temporal.batches import start_job
 

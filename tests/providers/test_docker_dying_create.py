@@ -18,8 +18,8 @@ from dying_create import Lifetimes, lifetimes, run_with_a_dying_create
 from substrates_support import ENV_IMAGE_DIR, KEY_LABEL, LoopThread
 
 from durable_rollouts.envserver import load_environment
-from durable_rollouts.sdk.agents import FixedAgent
 from durable_rollouts.runtimes.docker import DockerRuntime
+from durable_rollouts.sdk.agents import FixedAgent
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 

@@ -24,15 +24,15 @@ from substrates_support import (
 )
 from test_docker_durable import _job_containers, _wait
 
+from durable_rollouts.client.envclient import connect
+from durable_rollouts.client.tokens import SECRET_ENV_VAR, secret_path, substrate_token
 from durable_rollouts.envserver import load_environment
 from durable_rollouts.errors import UnauthorizedError
-from durable_rollouts.step_io import ConnectInput
-from durable_rollouts.steps import substrate as steps
-from durable_rollouts.client.envclient import connect
-from durable_rollouts.temporal.batches import start_job
 from durable_rollouts.runtimes.docker import DockerRuntime
 from durable_rollouts.sdk.taskset import Taskset
-from durable_rollouts.client.tokens import SECRET_ENV_VAR, secret_path, substrate_token
+from durable_rollouts.step_io import ConnectInput
+from durable_rollouts.steps import substrate as steps
+from durable_rollouts.temporal.batches import start_job
 
 pytestmark = pytest.mark.docker
 

@@ -11,6 +11,8 @@ import signal
 import uuid
 from pathlib import Path
 
+from substrates_support import ENV_IMAGE_DIR
+
 from durable_rollouts.envserver import load_environment
 from durable_rollouts.gc import (
     collect,
@@ -20,8 +22,6 @@ from durable_rollouts.gc import (
     workflow_for_key,
 )
 from durable_rollouts.runtimes.subprocess import SubprocessRuntime, substrate_dir
-
-from substrates_support import ENV_IMAGE_DIR
 
 ENV = load_environment(str(ENV_IMAGE_DIR / "env.py"))
 

@@ -17,10 +17,19 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from fake_hud import API_KEY, HUDStandIn
+from substrates_support import REPO
 
+from durable_rollouts.client.envclient import connect
 from durable_rollouts.envserver import load_environment
 from durable_rollouts.errors import ConfigError, ProviderError
 from durable_rollouts.models import RuntimeConfig
+from durable_rollouts.runtimes import hud as hud_module
+from durable_rollouts.runtimes import provider_from_spec
+from durable_rollouts.runtimes.hud import HUDRuntime, session_trace_id
+from durable_rollouts.sdk.agents import FixedAgent
+from durable_rollouts.sdk.direct import run_direct
+from durable_rollouts.sdk.taskset import Taskset
 from durable_rollouts.step_io import (
     ConnectInput,
     GradeInput,
@@ -29,16 +38,6 @@ from durable_rollouts.step_io import (
     TeardownInput,
 )
 from durable_rollouts.steps import substrate as steps
-from durable_rollouts.sdk.agents import FixedAgent
-from durable_rollouts.client.envclient import connect
-from durable_rollouts.sdk.direct import run_direct
-from durable_rollouts.runtimes import hud as hud_module
-from durable_rollouts.runtimes import provider_from_spec
-from durable_rollouts.runtimes.hud import HUDRuntime, session_trace_id
-from durable_rollouts.sdk.taskset import Taskset
-
-from fake_hud import API_KEY, HUDStandIn
-from substrates_support import REPO
 
 LETTERS = REPO / "examples" / "letters" / "env.py"
 ENV = load_environment(str(LETTERS))

@@ -16,8 +16,8 @@ from fake_hud import API_KEY, HUDStandIn
 from substrates_support import REPO
 
 from durable_rollouts.envserver import load_environment
-from durable_rollouts.sdk.agents import FixedAgent
 from durable_rollouts.runtimes.hud import HUDRuntime
+from durable_rollouts.sdk.agents import FixedAgent
 
 pytestmark = pytest.mark.slow
 

@@ -17,16 +17,15 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from fake_modal import FakeModal
+from substrates_support import ENV_IMAGE_DIR
 
+from durable_rollouts.client.envclient import connect
+from durable_rollouts.client.tokens import substrate_token
 from durable_rollouts.envserver import load_environment
 from durable_rollouts.errors import ProviderError
 from durable_rollouts.models import RuntimeConfig, RuntimeGPU, RuntimeResources
-from durable_rollouts.client.envclient import connect
 from durable_rollouts.runtimes.modal import ModalRuntime
-from durable_rollouts.client.tokens import substrate_token
-
-from fake_modal import FakeModal
-from substrates_support import ENV_IMAGE_DIR
 
 ENV = load_environment(str(ENV_IMAGE_DIR / "env.py"))
 

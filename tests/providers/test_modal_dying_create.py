@@ -17,8 +17,8 @@ from fake_modal import FakeModal
 from substrates_support import ENV_IMAGE_DIR
 
 from durable_rollouts.envserver import load_environment
-from durable_rollouts.sdk.agents import FixedAgent
 from durable_rollouts.runtimes.modal import ModalRuntime
+from durable_rollouts.sdk.agents import FixedAgent
 
 pytestmark = pytest.mark.slow
 

@@ -18,18 +18,17 @@ from pathlib import Path
 
 import asyncssh
 import pytest
+from substrates_support import ENV_IMAGE_DIR
 
+from durable_rollouts.client.envclient import connect
+from durable_rollouts.client.tokens import substrate_token
 from durable_rollouts.envserver import load_environment
 from durable_rollouts.errors import ConfigError, ProviderError
-from durable_rollouts.sdk.agents import FixedAgent
-from durable_rollouts.client.envclient import connect
-from durable_rollouts.sdk.direct import run_direct
 from durable_rollouts.runtimes import ssh as ssh_module
 from durable_rollouts.runtimes.ssh import SSHRuntime
+from durable_rollouts.sdk.agents import FixedAgent
+from durable_rollouts.sdk.direct import run_direct
 from durable_rollouts.sdk.taskset import Taskset
-from durable_rollouts.client.tokens import substrate_token
-
-from substrates_support import ENV_IMAGE_DIR
 
 ENV = load_environment(str(ENV_IMAGE_DIR / "env.py"))
 

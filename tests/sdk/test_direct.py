@@ -12,11 +12,11 @@ from durable_rollouts import LocalRuntime, SubprocessRuntime, Task, Taskset
 from durable_rollouts.errors import ConfigError
 from durable_rollouts.models import Limits, RuntimeConfig
 from durable_rollouts.processes import pid_alive
+from durable_rollouts.runtimes.procs import read_state
+from durable_rollouts.runtimes.subprocess import substrate_dir
 from durable_rollouts.sdk.agents import Agent, FailAgent, FixedAgent, SleepAgent, TableAgent
 from durable_rollouts.sdk.direct import run_direct
 from durable_rollouts.sdk.job import Job
-from durable_rollouts.runtimes.procs import read_state
-from durable_rollouts.runtimes.subprocess import substrate_dir
 from durable_rollouts.sdk.run import Run
 
 LETTER_ANSWERS = {"count_letter": "3", "reverse_word": "reward", "vowels": '["e", "u", "a", "i", "o"]'}

@@ -27,9 +27,9 @@ from durable_rollouts.graders import (
     numeric_match,
 )
 from durable_rollouts.models import Task
+from durable_rollouts.runtimes import LocalRuntime
 from durable_rollouts.sdk.agents import FixedAgent
 from durable_rollouts.sdk.direct import run_direct
-from durable_rollouts.runtimes import LocalRuntime
 from durable_rollouts.sdk.taskset import Taskset
 
 

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import durable_rollouts
 import durable_rollouts.graders
-import durable_rollouts.sdk
 import durable_rollouts.runtimes
+import durable_rollouts.sdk
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -21,11 +21,11 @@ from durable_rollouts import (
 )
 from durable_rollouts.errors import ConfigError
 from durable_rollouts.models import Limits, Resources
-from durable_rollouts.sdk.agents import Agent
-from durable_rollouts.sdk.direct import run_direct
 from durable_rollouts.runtimes.base import merge_config
 from durable_rollouts.runtimes.docker import DockerRuntime
 from durable_rollouts.runtimes.modal import ModalRuntime
+from durable_rollouts.sdk.agents import Agent
+from durable_rollouts.sdk.direct import run_direct
 from durable_rollouts.sdk.run import Run
 
 SEED = RuntimeConfig(

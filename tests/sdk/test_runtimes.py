@@ -13,14 +13,14 @@ from pathlib import Path
 import pytest
 
 from durable_rollouts import LocalRuntime, Runtime, SubprocessRuntime, Task
+from durable_rollouts.client.envclient import connect
 from durable_rollouts.envserver import Environment, serving
 from durable_rollouts.errors import ConfigError
 from durable_rollouts.models import ProviderSpec
-from durable_rollouts.sdk.agents import FixedAgent
-from durable_rollouts.client.envclient import connect
-from durable_rollouts.sdk.direct import run_direct
 from durable_rollouts.runtimes import provider_from_spec
 from durable_rollouts.runtimes.subprocess import substrate_dir
+from durable_rollouts.sdk.agents import FixedAgent
+from durable_rollouts.sdk.direct import run_direct
 from durable_rollouts.sdk.taskset import Taskset
 
 REPO = Path(__file__).resolve().parents[2]

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from durable_rollouts.activities import legacy_steps as merged_steps
 from durable_rollouts.envserver import Environment, serving
 from durable_rollouts.errors import (
     ConfigError,
@@ -20,6 +21,9 @@ from durable_rollouts.models import (
     Session,
     Task,
 )
+from durable_rollouts.runtimes import LocalRuntime, Runtime
+from durable_rollouts.sdk.agents import load_agent
+from durable_rollouts.sdk.run import Run
 from durable_rollouts.step_io import (
     AgentInput,
     ConnectInput,
@@ -27,12 +31,8 @@ from durable_rollouts.step_io import (
     StartInput,
     TeardownInput,
 )
-from durable_rollouts.activities import legacy_steps as merged_steps
 from durable_rollouts.steps import agent as agent_step
 from durable_rollouts.steps import substrate as steps
-from durable_rollouts.runtimes import LocalRuntime, Runtime
-from durable_rollouts.sdk.agents import load_agent
-from durable_rollouts.sdk.run import Run
 
 env = Environment(name="steps", version="0.1.0")
 

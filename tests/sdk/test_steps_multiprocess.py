@@ -12,8 +12,8 @@ import sys
 from pathlib import Path
 
 from durable_rollouts.models import Endpoint, Grade
-from durable_rollouts.step_io import AgentResult
 from durable_rollouts.runtimes.subprocess import substrate_dir
+from durable_rollouts.step_io import AgentResult
 from durable_rollouts.stores.tracestore import TraceStore
 
 REPO = Path(__file__).resolve().parents[2]

@@ -17,11 +17,6 @@ from typing import Any
 
 import pytest
 
-from durable_rollouts.envserver import Environment, serving
-from durable_rollouts.errors import ConfigError, UnauthorizedError
-from durable_rollouts.models import Endpoint, ProviderSpec
-from durable_rollouts.step_io import ConnectInput
-from durable_rollouts.steps import substrate as steps
 from durable_rollouts.client.tokens import (
     SECRET_ENV_VAR,
     derived_params,
@@ -29,6 +24,11 @@ from durable_rollouts.client.tokens import (
     secret_path,
     substrate_token,
 )
+from durable_rollouts.envserver import Environment, serving
+from durable_rollouts.errors import ConfigError, UnauthorizedError
+from durable_rollouts.models import Endpoint, ProviderSpec
+from durable_rollouts.step_io import ConnectInput
+from durable_rollouts.steps import substrate as steps
 
 env = Environment(name="tok", version="0.1.0")
 

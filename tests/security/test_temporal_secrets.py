@@ -30,16 +30,15 @@ from history_scan import job_histories
 from security_helpers import make_env
 from temporal_helpers import DevServer
 
-from durable_rollouts.temporal.codec import KEY_ENV_VAR
 from durable_rollouts.envserver import serving
 from durable_rollouts.models import Task
-from durable_rollouts.sdk.openai_agent import OpenAIChatAgent
-from durable_rollouts.temporal.batches import run_taskset, shutdown_embedded
 from durable_rollouts.paths import rollouts_home
 from durable_rollouts.runtimes import Runtime
+from durable_rollouts.sdk.openai_agent import OpenAIChatAgent
 from durable_rollouts.sdk.taskset import Taskset
+from durable_rollouts.temporal.batches import run_taskset, shutdown_embedded
+from durable_rollouts.temporal.codec import KEY_ENV_VAR
 from durable_rollouts.temporal.connection import connect_client
-
 
 API_KEY = "sk-test-SECRET123"
 ENV_TOKEN = "env-token-SECRET456"

@@ -7,7 +7,6 @@ Through ``run_direct`` here; the durable path (``Taskset.run`` on Temporal) is i
 
 from __future__ import annotations
 
-from contextlib import asynccontextmanager
 from pathlib import Path
 
 import pytest
@@ -17,10 +16,10 @@ from durable_rollouts import LocalRuntime, Runtime, Task, Taskset
 from durable_rollouts.envserver import load_environment, serving
 from durable_rollouts.errors import ConfigError
 from durable_rollouts.models import ProviderSpec
-from durable_rollouts.sdk.agents import Agent, FixedAgent
-from durable_rollouts.sdk.direct import run_direct
 from durable_rollouts.runtimes import provider_from_spec
 from durable_rollouts.runtimes.callables import CallableProvider, as_provider
+from durable_rollouts.sdk.agents import Agent, FixedAgent
+from durable_rollouts.sdk.direct import run_direct
 from durable_rollouts.sdk.run import Run
 
 ENVS = Path(__file__).parent / "envs"

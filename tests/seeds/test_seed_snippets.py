@@ -40,8 +40,8 @@ from pathlib import Path
 import pytest
 
 from durable_rollouts import Job, LocalRuntime, Runtime, Taskset
-from durable_rollouts.envserver import load_environment, serving
 from durable_rollouts.environment import Environment, Mount
+from durable_rollouts.envserver import load_environment, serving
 from durable_rollouts.errors import ConfigError
 from durable_rollouts.sdk.agents import Agent, FixedAgent
 from durable_rollouts.sdk.direct import run_direct

@@ -23,9 +23,9 @@ import pytest
 from temporal_helpers import ENV_FILE, HERE, CountingAgent, read_lines
 
 from durable_rollouts.models import Task
-from durable_rollouts.temporal.batches import get_job, start_job
 from durable_rollouts.runtimes import LocalRuntime
 from durable_rollouts.sdk.taskset import Taskset
+from durable_rollouts.temporal.batches import get_job, start_job
 
 REPO = Path(__file__).resolve().parents[2]
 ROW_BYTES = 100_000

@@ -11,8 +11,8 @@ from temporalio import workflow
 from temporalio.client import Client
 from temporalio.worker import Worker
 
-from durable_rollouts.stores.results import ResultStore
 from durable_rollouts.models import RolloutResult, Task, Trace
+from durable_rollouts.stores.results import ResultStore
 from durable_rollouts.stores.tracestore import TraceStore
 from durable_rollouts.workflows.types import ResultsRef
 

@@ -18,7 +18,12 @@ from pathlib import Path
 from durable_rollouts.models import Step
 from durable_rollouts.sdk.agents import Agent
 from durable_rollouts.sdk.run import Run
-from durable_rollouts.temporal.connection import _free_port, _listening, _wait_ready, dev_server_args
+from durable_rollouts.temporal.connection import (
+    _free_port,
+    _listening,
+    _wait_ready,
+    dev_server_args,
+)
 
 HERE = Path(__file__).resolve().parent
 ENV_FILE = str(HERE / "counting_env.py")

@@ -12,8 +12,8 @@ import asyncio
 import contextlib
 import re
 import subprocess
-import time
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 

@@ -14,8 +14,8 @@ from history_scan import step_events, step_names
 from temporal_helpers import ENV_FILE, read_lines
 
 from durable_rollouts.models import Task
-from durable_rollouts.sdk.agents import Agent, FixedAgent
 from durable_rollouts.runtimes import LocalRuntime, SubprocessRuntime
+from durable_rollouts.sdk.agents import Agent, FixedAgent
 from durable_rollouts.sdk.run import Run
 from durable_rollouts.sdk.taskset import Taskset
 from durable_rollouts.temporal.batches import run_taskset

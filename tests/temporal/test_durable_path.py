@@ -11,11 +11,11 @@ from temporal_helpers import ENV_FILE, BigTraceAgent, CountingAgent, read_lines
 
 from durable_rollouts import session
 from durable_rollouts.models import Task
+from durable_rollouts.runtimes import LocalRuntime, SubprocessRuntime
 from durable_rollouts.sdk.agents import FailAgent, FixedAgent, SleepAgent
 from durable_rollouts.sdk.job import Job
-from durable_rollouts.temporal.batches import get_job, run_taskset, start_job
-from durable_rollouts.runtimes import LocalRuntime, SubprocessRuntime
 from durable_rollouts.sdk.taskset import Taskset
+from durable_rollouts.temporal.batches import get_job, run_taskset, start_job
 from durable_rollouts.workflows import TasksetRun, workflow_id
 
 

@@ -16,8 +16,8 @@ from temporal_helpers import ENV_FILE, CountingAgent, read_lines
 from durable_rollouts import session
 from durable_rollouts.errors import ConfigError
 from durable_rollouts.models import Task
-from durable_rollouts.sdk.agents import FixedAgent
 from durable_rollouts.runtimes import LocalRuntime
+from durable_rollouts.sdk.agents import FixedAgent
 from durable_rollouts.sdk.taskset import Taskset
 from durable_rollouts.temporal.batches import get_job
 from durable_rollouts.temporal.jobs import load_job

@@ -25,12 +25,12 @@ from temporalio.worker import Worker
 
 from durable_rollouts import worker as worker_module
 from durable_rollouts.models import Task
-from durable_rollouts.sdk.agents import SleepAgent
-from durable_rollouts.temporal.board import BOARD
 from durable_rollouts.runtimes import LocalRuntime
+from durable_rollouts.sdk.agents import SleepAgent
 from durable_rollouts.sdk.taskset import Taskset
 from durable_rollouts.temporal import batches
 from durable_rollouts.temporal.batches import start_job
+from durable_rollouts.temporal.board import BOARD
 from durable_rollouts.temporal.eviction import cached_runs
 from durable_rollouts.temporal.plugin import RolloutsPlugin
 from durable_rollouts.workflows import Rollout, rollout_id

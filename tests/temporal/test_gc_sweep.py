@@ -21,14 +21,14 @@ import pytest
 from temporal_helpers import ENV_FILE, CountingAgent, WorkerProcess, async_wait_for, read_lines
 from temporalio.common import RetryPolicy
 
-from durable_rollouts.models import Endpoint, Task
 from durable_rollouts import gc
 from durable_rollouts.gc import orphans as gc_orphans
-from durable_rollouts.temporal.batches import start_job
+from durable_rollouts.models import Endpoint, Task
 from durable_rollouts.processes import pid_alive
 from durable_rollouts.runtimes import SubprocessRuntime
 from durable_rollouts.runtimes.subprocess import substrate_dir
 from durable_rollouts.sdk.taskset import Taskset
+from durable_rollouts.temporal.batches import start_job
 
 RUNTIME = SubprocessRuntime(ENV_FILE)
 PLACE_AND_EXIT = """

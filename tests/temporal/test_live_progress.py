@@ -9,11 +9,11 @@ from temporal_helpers import ENV_FILE
 
 from durable_rollouts.cli.live import QUERY_WITH_BOARD_S, Feed
 from durable_rollouts.models import Task
-from durable_rollouts.sdk.agents import SleepAgent
-from durable_rollouts.temporal.board import BOARD, ProgressBoard
-from durable_rollouts.temporal.batches import start_job
 from durable_rollouts.runtimes import LocalRuntime
+from durable_rollouts.sdk.agents import SleepAgent
 from durable_rollouts.sdk.taskset import Taskset
+from durable_rollouts.temporal.batches import start_job
+from durable_rollouts.temporal.board import BOARD, ProgressBoard
 
 
 def echoes(n: int) -> Taskset:

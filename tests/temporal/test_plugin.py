@@ -11,8 +11,8 @@ from temporalio.worker import Worker
 
 from durable_rollouts.activities import Queues
 from durable_rollouts.models import Task
-from durable_rollouts.sdk.agents import FixedAgent
 from durable_rollouts.runtimes import LocalRuntime
+from durable_rollouts.sdk.agents import FixedAgent
 from durable_rollouts.sdk.taskset import Taskset
 from durable_rollouts.temporal.plugin import RolloutsPlugin
 from durable_rollouts.worker import build_worker, worker_parts

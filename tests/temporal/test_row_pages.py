@@ -9,7 +9,13 @@ import pytest
 from durable_rollouts.errors import ConfigError
 from durable_rollouts.models import Task
 from durable_rollouts.stores import row_pages
-from durable_rollouts.stores.row_pages import check_epochs, is_manifest, manifest_bytes, put_pages, read
+from durable_rollouts.stores.row_pages import (
+    check_epochs,
+    is_manifest,
+    manifest_bytes,
+    put_pages,
+    read,
+)
 
 
 class Store:

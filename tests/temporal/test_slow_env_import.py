@@ -21,8 +21,8 @@ from temporalio.api.enums.v1 import EventType
 
 from durable_rollouts import session
 from durable_rollouts.models import Task
-from durable_rollouts.sdk.agents import FixedAgent
 from durable_rollouts.runtimes import LocalRuntime
+from durable_rollouts.sdk.agents import FixedAgent
 from durable_rollouts.sdk.taskset import Taskset
 from durable_rollouts.temporal.batches import start_job
 

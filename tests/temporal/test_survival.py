@@ -24,9 +24,9 @@ from temporal_helpers import (
 )
 
 from durable_rollouts.models import Task
-from durable_rollouts.temporal.batches import start_job
 from durable_rollouts.runtimes import LocalRuntime, SubprocessRuntime
 from durable_rollouts.sdk.taskset import Taskset
+from durable_rollouts.temporal.batches import start_job
 from durable_rollouts.temporal.connection import connect_client
 
 

@@ -13,12 +13,12 @@ from temporal_helpers import ENV_FILE
 
 from durable_rollouts import session
 from durable_rollouts.models import Task
+from durable_rollouts.runtimes import LocalRuntime
 from durable_rollouts.sdk.agents import FixedAgent, SleepAgent
 from durable_rollouts.sdk.job import Job
 from durable_rollouts.sdk.lifetime import running
-from durable_rollouts.temporal.batches import run_taskset, start_job
-from durable_rollouts.runtimes import LocalRuntime
 from durable_rollouts.sdk.taskset import Taskset
+from durable_rollouts.temporal.batches import run_taskset, start_job
 
 
 def _tasks(n: int) -> Taskset:

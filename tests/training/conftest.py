@@ -6,7 +6,6 @@ run the real ``rollouts`` CLI and the real ``temporal`` CLI against that server.
 from __future__ import annotations
 
 import pytest
-
 from temporal_fixtures import client, dev_server, task_queue  # noqa: E402,F401  (shared fixtures)
 
 

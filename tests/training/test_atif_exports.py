@@ -17,8 +17,8 @@ from scripted_llm import ScriptedLLM, final, tool_call
 from training_agents import TOOLS
 
 from durable_rollouts.errors import ConfigError
-from durable_rollouts.sdk.openai_agent import OpenAIChatAgent
 from durable_rollouts.runtimes import LocalRuntime
+from durable_rollouts.sdk.openai_agent import OpenAIChatAgent
 from durable_rollouts.sdk.taskset import Taskset
 
 CALC = Path(__file__).resolve().parents[2] / "examples" / "mcp_calc"

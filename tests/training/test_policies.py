@@ -9,10 +9,10 @@ from temporal_helpers import ENV_FILE
 from training_agents import PolicyAgent
 
 from durable_rollouts.models import Task
-from durable_rollouts.temporal.batches import get_job
-from durable_rollouts.runtimes import LocalRuntime, SubprocessRuntime
 from durable_rollouts.processes import pid_alive
+from durable_rollouts.runtimes import LocalRuntime, SubprocessRuntime
 from durable_rollouts.sdk.taskset import Taskset
+from durable_rollouts.temporal.batches import get_job
 from durable_rollouts.workflows import TasksetRun, TasksetRunResult, child_id, workflow_id
 
 

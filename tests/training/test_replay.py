@@ -8,10 +8,10 @@ from temporal_helpers import ENV_FILE
 from temporalio.worker import Replayer
 from training_agents import PolicyAgent
 
-from durable_rollouts.temporal.codec import data_converter
 from durable_rollouts.models import Task
 from durable_rollouts.runtimes import LocalRuntime
 from durable_rollouts.sdk.taskset import Taskset
+from durable_rollouts.temporal.codec import data_converter
 from durable_rollouts.workflows import Rollout, TasksetRun, child_id, workflow_id
 
 

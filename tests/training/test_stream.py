@@ -31,8 +31,8 @@ from training_agents import PolicyAgent
 
 from durable_rollouts.errors import ConfigError
 from durable_rollouts.models import Task
-from durable_rollouts.sdk.job import Job
 from durable_rollouts.runtimes import LocalRuntime
+from durable_rollouts.sdk.job import Job
 from durable_rollouts.sdk.taskset import Taskset
 from durable_rollouts.worker import build_worker
 from durable_rollouts.workflows import workflow_id

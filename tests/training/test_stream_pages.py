@@ -29,8 +29,8 @@ from temporalio.worker import Replayer
 
 from durable_rollouts.errors import ConfigError
 from durable_rollouts.models import Task
-from durable_rollouts.sdk.job import Job
 from durable_rollouts.runtimes import LocalRuntime
+from durable_rollouts.sdk.job import Job
 from durable_rollouts.sdk.taskset import Taskset
 from durable_rollouts.settings import settings
 from durable_rollouts.temporal.codec import data_converter

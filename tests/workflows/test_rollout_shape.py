@@ -14,7 +14,6 @@ import json
 import uuid
 from collections import Counter
 from collections.abc import AsyncIterator, Callable
-from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -34,8 +33,8 @@ from durable_rollouts.step_io import (
     ConnectInput,
     GradeInput,
     ProvisionInput,
-    StartInput,
     Started,
+    StartInput,
     TeardownInput,
     VerifierSession,
     VerifyInput,

@@ -1,6 +1,10 @@
 # Seed 002, "Set up MCP Capability with Tools", with `hud` renamed to `durable_rollouts`.
-import asyncio, contextlib, socket
+import asyncio
+import contextlib
+import socket
+
 from fastmcp import FastMCP
+
 from durable_rollouts.capabilities import Capability
 from durable_rollouts.environment import Environment
 

@@ -1,7 +1,11 @@
 # Seed 004, "MCP capability - in-process tool server", with `hud` renamed to `durable_rollouts`.
 # The template body is cut off in the seed; `use_tool` below is ours (it only asks for an answer).
-import asyncio, contextlib, socket
+import asyncio
+import contextlib
+import socket
+
 from fastmcp import FastMCP
+
 from durable_rollouts.capabilities import Capability
 from durable_rollouts.environment import Environment
 
