@@ -26,7 +26,8 @@ SLOW = (
     "providers/test_ssh.py", "cli/", "training/test_cli_", "training/test_replay.py",
     "training/test_regrade.py", "training/test_grpo", "training/test_visibility.py",
     "training/test_policies.py", "hud_v6/", "test_cli_task.py", "sdk/test_direct.py",
-    "fuzz/test_protocol_states.py",
+    "fuzz/test_protocol_states.py", "fuzz/test_frame_fuzz.py", "training/test_atif_exports.py",
+    "training/test_exports.py",
 )
 
 
