@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import importlib
 from types import ModuleType
+from typing import Any
 
-__all__ = ["MOVED", "current", "import_module"]
+__all__ = ["MOVED", "current", "import_module", "import_path"]
 
 MOVED: dict[str, str] = {  # module of an earlier release -> its module now (longest prefix wins)
     "durable_rollouts.sdk.providers": "durable_rollouts.runtimes",
@@ -46,3 +47,15 @@ def current(name: str) -> str:
 def import_module(name: str) -> ModuleType:
     """``importlib.import_module`` of where ``name`` lives now."""
     return importlib.import_module(current(name))
+
+
+def import_path(module: str, qualname: str) -> Any:
+    """The object ``module:qualname`` names (``qualname`` may be dotted), following :data:`MOVED`.
+
+    Raises whatever importing the module or walking the attributes raised; each caller words its
+    own error (a provider, an agent, a taskset).
+    """
+    obj: Any = import_module(module)
+    for part in qualname.split("."):
+        obj = getattr(obj, part)
+    return obj

@@ -15,6 +15,7 @@ from typing import Any
 from urllib.parse import parse_qs, urlparse
 
 from ..errors import ConfigError
+from ..moved import import_path
 from ..settings import settings
 
 __all__ = [
@@ -162,9 +163,7 @@ def _imported_provider(module: str, attr: str) -> Any:
 
     add_cwd_to_path()
     try:
-        obj: Any = importlib.import_module(module)
-        for part in attr.split("."):
-            obj = getattr(obj, part)
+        obj: Any = import_path(module, attr)
     except Exception as exc:
         raise ConfigError(f"--runtime {module}:{attr}: cannot import it: {type(exc).__name__}: "
                           f"{exc} (is its folder on PYTHONPATH?)") from None

@@ -14,7 +14,7 @@ from typing import Any
 
 from ..errors import ConfigError
 from ..models import ProviderSpec
-from ..moved import import_module as import_moved
+from ..moved import import_path
 from .base import DurableProvider, Locality, Runtime
 from .local import LocalRuntime
 from .subprocess import SubprocessRuntime
@@ -76,10 +76,7 @@ def provider_from_spec(spec: ProviderSpec) -> DurableProvider:
         if not sep:
             raise ConfigError(f"unknown provider kind {spec.kind!r}; built-ins: {', '.join(sorted(_KINDS))}")
         try:
-            obj: Any = import_moved(module_name)
-            for part in qualname.split("."):
-                obj = getattr(obj, part)
-            factory = obj.from_options
+            factory = import_path(module_name, qualname).from_options
         except Exception as exc:
             raise ConfigError(f"cannot load provider {spec.kind!r}: {exc}") from exc
     try:

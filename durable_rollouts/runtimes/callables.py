@@ -16,7 +16,6 @@ callable places are its own: gc does not sweep them.
 
 from __future__ import annotations
 
-import importlib
 import os
 import sys
 import uuid
@@ -24,6 +23,7 @@ from typing import Any, ClassVar
 
 from ..errors import ConfigError, ProviderError
 from ..models import Endpoint, ProviderSpec, RuntimeConfig, Task
+from ..moved import import_path
 from .base import DurableProvider, Locality
 
 __all__ = ["CallableProvider", "as_provider", "callable_path"]
@@ -92,9 +92,7 @@ class CallableProvider(DurableProvider):
                 "module level in an importable module (module:attr)")
         module_name, _, qualname = str(path).partition(":")
         try:
-            obj: Any = importlib.import_module(module_name)
-            for part in qualname.split("."):
-                obj = getattr(obj, part)
+            obj: Any = import_path(module_name, qualname)
         except Exception as exc:
             raise ConfigError(f"cannot import provider {path!r} on this worker: "
                               f"{type(exc).__name__}: {exc}") from exc

@@ -13,7 +13,6 @@ envserver lazily (only when something is served).
 from __future__ import annotations
 
 import asyncio
-import importlib
 import inspect
 import os
 import uuid
@@ -24,6 +23,7 @@ from typing import Any, ClassVar
 
 from ..errors import ConfigError, EnvError, ProviderError
 from ..models import Endpoint, ProviderSpec, Task
+from ..moved import import_path
 from .base import DurableProvider, Locality
 from .local_own import finish, serve_alone
 
@@ -154,9 +154,7 @@ class LocalRuntime(DurableProvider):
         if "factory" in options:
             module_name, _, qualname = str(options["factory"]).partition(":")
             try:
-                obj: Any = importlib.import_module(module_name)
-                for part in qualname.split("."):
-                    obj = getattr(obj, part)
+                obj: Any = import_path(module_name, qualname)
             except Exception as exc:
                 raise ConfigError(f"cannot import LocalRuntime factory {options['factory']!r}: {exc}") from exc
             return cls(obj, **kw)

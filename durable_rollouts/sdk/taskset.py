@@ -21,7 +21,7 @@ from pydantic import ValidationError
 from ..errors import ConfigError
 from ..hud_detect import is_hud_task, is_hud_taskset, missing_hud
 from ..models import Task
-from ..moved import import_module as import_moved
+from ..moved import import_path
 from .hud_compat import task_from_hud
 from .job import Job
 from .placement import resolve_placement
@@ -340,9 +340,7 @@ def load_taskset(path: str, name: str) -> Any:
         return live
     module_name, _, qualname = path.partition(":")
     try:
-        obj: Any = import_moved(module_name)
-        for part in qualname.split("."):
-            obj = getattr(obj, part)
+        obj: Any = import_path(module_name, qualname)
     except (ImportError, AttributeError) as err:
         raise ConfigError(f"cannot import taskset class {path!r} on this worker: {err}") from err
     try:
