@@ -47,7 +47,7 @@ log = logging.getLogger(__name__)
 
 DEFAULT_STARTUP_TIMEOUT_S = 60.0
 LOG_TAIL_LINES = 40
-_PACKAGE_DIR = Path(__file__).resolve().parents[2]  # .../durable_rollouts
+_PACKAGE_DIR = Path(__file__).resolve().parents[1]  # .../durable_rollouts
 
 
 @dataclass

@@ -136,9 +136,11 @@ async def test_a_further_start_on_the_same_job_is_its_next_batch(client, task_qu
                 seen += len(batch.groups)
                 await batch.ack()
             counts.append(seen)
+        # a streamed batch closes once its consumers are done and its last pages are written (an
+        # activity): wait for that while this process's worker still runs
+        view = await get_job(first.id, temporal=client, wait=True)
     assert second.id == first.id and counts == [4, 3]
     assert await client.get_workflow_handle(workflow_id(first.id, 1)).describe()
-    view = await get_job(first.id, temporal=client)
     assert len(view.runs) == 7 and {r.status for r in view.runs} == {"succeeded"}
 
 
