@@ -27,7 +27,9 @@ SLOW = (
     "training/test_regrade.py", "training/test_grpo", "training/test_visibility.py",
     "training/test_policies.py", "hud_v6/", "test_cli_task.py", "sdk/test_direct.py",
     "fuzz/test_protocol_states.py", "fuzz/test_frame_fuzz.py", "training/test_atif_exports.py",
-    "training/test_exports.py",
+    "training/test_exports.py", "providers/test_hud.py", "providers/test_modal.py",
+    "seeds/test_durable_seeds.py", "capabilities/test_openai_chat_agent.py",
+    "sdk/test_substrate_tokens.py", "sdk/test_steps_multiprocess.py",
 )
 
 
