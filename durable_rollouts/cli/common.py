@@ -15,7 +15,12 @@ from typing import Annotated, Any, NoReturn
 
 import typer
 
-from durable_rollouts.errors import ConfigError, DurableRolloutsError, ProtocolError, ReadyTimeoutError
+from durable_rollouts.errors import (
+    ConfigError,
+    DurableRolloutsError,
+    ProtocolError,
+    ReadyTimeoutError,
+)
 from durable_rollouts.protocol import ErrorCode
 
 __all__ = [

@@ -14,7 +14,8 @@ from typing import Any
 from rich.console import Console
 
 from durable_rollouts.cli import render
-from durable_rollouts.cli.batch import announce, check_output, ui_base, write_runs
+from durable_rollouts.cli.batch import announce, ui_base
+from durable_rollouts.cli.output import check_output, write_runs
 from durable_rollouts.cli.progress import follow
 from durable_rollouts.temporal.jobs import connect
 

@@ -10,11 +10,13 @@ from typing import Any
 
 from rich.console import Console
 
-from ..errors import ConfigError
 from durable_rollouts.cli import render
-from .batch import job_json, policy_notes, ui_base, write_export
 from durable_rollouts.temporal.control import cancel_job, list_jobs
 from durable_rollouts.temporal.jobs import connect, load_job
+
+from ..errors import ConfigError
+from .batch import ui_base
+from .output import job_json, policy_notes, write_export
 
 __all__ = ["cancel", "export", "find_run", "jobs", "show", "trace"]
 

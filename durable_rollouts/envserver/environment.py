@@ -25,11 +25,11 @@ from collections.abc import AsyncGenerator, Callable
 from pathlib import Path
 from typing import Any, Generic, TypeVar
 
-from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError, create_model
-from pydantic.json_schema import GenerateJsonSchema, JsonSchemaValue
+from pydantic import BaseModel, ConfigDict, TypeAdapter, create_model
 
 from ..errors import ConfigError, EnvError, TaskNotFoundError
 from ..models import Task
+from .arguments import _adapter, _coerce, _LenientSchema, _parse_answer, _schema
 from .capability import Capability
 
 if typing.TYPE_CHECKING:
@@ -175,75 +175,6 @@ class Template:
         schema.pop("title", None)
         schema["additionalProperties"] = self.var_kwargs
         return schema
-
-
-_ADAPTERS: dict[Any, TypeAdapter[Any]] = {}  # plain annotations (str, int | None ...) -> adapter
-
-
-def _adapter(annotation: Any) -> TypeAdapter[Any]:
-    """A TypeAdapter, shared for annotations made of builtins and typing only (a file loaded per
-    rollout builds its templates again: ``str`` need not be compiled each time; its own classes
-    are new objects each load, so they are never cached)."""
-    if not _plain(annotation):
-        return TypeAdapter(annotation)
-    found = _ADAPTERS.get(annotation)
-    if found is None:
-        found = _ADAPTERS[annotation] = TypeAdapter(annotation)
-    return found
-
-
-def _plain(annotation: Any) -> bool:
-    if annotation is Any or annotation is None or annotation is type(None):
-        return True
-    if getattr(annotation, "__module__", None) not in ("builtins", "typing", "types"):
-        return False
-    try:
-        hash(annotation)
-    except TypeError:
-        return False
-    return all(_plain(arg) if not isinstance(arg, (str, int, float, bool, bytes)) else True
-               for arg in typing.get_args(annotation))
-
-
-class _LenientSchema(GenerateJsonSchema):
-    """Describes what it can: a parameter of a type JSON schema cannot express gets ``{}``."""
-
-    def handle_invalid_for_json_schema(self, schema: Any, error_info: str) -> JsonSchemaValue:
-        return {}
-
-
-def _schema(adapter: TypeAdapter[Any]) -> dict[str, Any]:
-    try:
-        return dict(adapter.json_schema())
-    except Exception:  # a type pydantic cannot describe still works, it just has no schema
-        return {}
-
-
-def _coerce(adapter: TypeAdapter[Any], name: str, value: Any) -> Any:
-    try:
-        return adapter.validate_python(value)
-    except ValidationError as exc:
-        first = exc
-    if isinstance(value, str):
-        try:
-            return adapter.validate_python(json.loads(value))
-        except (ValueError, ValidationError):
-            pass
-    detail = first.errors()[0].get("msg", str(first)) if first.errors() else str(first)
-    raise ConfigError(f"argument {name!r}: {detail} (got {value!r})")
-
-
-def _parse_answer(adapter: TypeAdapter[Any], answer: Any) -> Any:
-    try:
-        return adapter.validate_python(answer)
-    except ValidationError:
-        pass
-    if isinstance(answer, str):
-        try:
-            return adapter.validate_json(answer)
-        except ValidationError:
-            pass
-    return answer
 
 
 def _is_number(value: Any) -> bool:
