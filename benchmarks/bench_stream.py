@@ -13,12 +13,15 @@ each stream is compared with the mean of both: ``stream b=B / run throughput rat
 
     python benchmarks/bench_stream.py --n 10000 --group 4 --concurrency 256 --batch-sizes 1,8 [--cli]
 
-``--long`` is the long-job mode (issue 39): the consumer runs in its own process
-(``_stream_consumer.py``) and each stream phase also reports peak RSS of this process (the
-worker) and of the server when 10%, 50% and 100% of the groups were delivered, the most groups
-the batch kept in its state (its ``stream_kept`` query, sampled) and the largest
-continue-as-new carry (the input of every run after the first, from the batch's history):
-with pages (``--page-size``) neither grows with the job's length.
+``--long`` is the long-job mode (issue 39): one job of ``--n`` rollouts read by one consumer
+process per batch size (``_stream_consumer.py``, all registered, so a group leaves the batch's
+state only once every consumer acknowledged it), between two ``Taskset.run`` of ``--baseline-n``
+rollouts (the stream's groups/s is compared with theirs: a rate, so the runs can be shorter). It
+reports each consumer's ack latency and delivery lag, peak RSS of this process (the worker) and
+of the server when 10%, 50% and 100% of the groups were finished, the most groups the batch kept
+in its state (its ``stream_kept`` query, sampled) and the largest continue-as-new carry (the
+input of every run after the first, from the batch's history): with pages (``--page-size``)
+neither grows with the job's length.
 
     python benchmarks/bench_stream.py --long --n 100000 --group 4 --batch-sizes 1,8 [--page-size 128]
 """
@@ -160,22 +163,30 @@ class Long:
     carries: list[int] = field(default_factory=list)
 
 
-async def long_phase(taskset, agent, runtime, group: int, concurrency: int, batch_size: int,
-                     phase: Phase, page_size: int, address: str, long: Long) -> None:
-    """A stream consumed by ``_stream_consumer.py`` in its own process, sampled as it goes."""
+async def long_phase(taskset, agent, runtime, group: int, concurrency: int,
+                     batch_sizes: list[int], phase: Phase, page_size: int, address: str,
+                     long: Long) -> dict[int, dict]:
+    """One job, one consumer process per batch size (``_stream_consumer.py``), sampled as it goes.
+
+    Every consumer is registered, so a group leaves the workflow's state only when all of them
+    acknowledged it; the slower one sets how much the batch keeps. Returns each consumer's log.
+    """
     from durable_rollouts.workflows import TasksetRun, workflow_id
 
     total = len(taskset)
+    names = {size: f"{CONSUMER}-b{size}" for size in batch_sizes}
     with phase:
         job = await taskset.start(agent, runtime=runtime, group=group, max_concurrent=concurrency,
-                                  consumers=[CONSUMER], linger_s=600, page_size=page_size)
-        proc = await asyncio.create_subprocess_exec(
+                                  consumers=list(names.values()), linger_s=600, page_size=page_size)
+        procs = {size: await asyncio.create_subprocess_exec(
             sys.executable, str(Path(__file__).parent / "_stream_consumer.py"), address, job.id,
-            CONSUMER, str(batch_size), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+            name, str(size), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+            for size, name in names.items()}
         handle = job.client.get_workflow_handle(workflow_id(job.id))
         marks = [10, 50]
-        out = asyncio.ensure_future(proc.communicate())
-        while not out.done():
+        outs = {size: asyncio.ensure_future(proc.communicate()) for size, proc in procs.items()}
+        last_print = time.monotonic()
+        while not all(out.done() for out in outs.values()):
             try:
                 kept = await handle.query(TasksetRun.stream_kept)
             except Exception:  # noqa: BLE001 - between two runs, or closed
@@ -186,28 +197,47 @@ async def long_phase(taskset, agent, runtime, group: int, concurrency: int, batc
             delivered = kept.base + kept.kept_groups
             while marks and delivered * 100 >= marks[0] * total:
                 long.rss_at[marks.pop(0)] = (_peak_mb(phase.me.pid), _peak_mb(phase.server.pid))
-            await asyncio.wait({out}, timeout=1.0)
-        stdout, err = out.result()
+            if time.monotonic() - last_print > 300:  # a sign of life on a run of an hour or more
+                last_print = time.monotonic()
+                print(f"  ... {delivered}/{total} groups finished, {kept.kept_groups} kept, "
+                      f"{time.perf_counter() - phase._t0:.0f} s, peak RSS worker / server "
+                      f"{_peak_mb(phase.me.pid):.0f} / {_peak_mb(phase.server.pid):.0f} MiB",
+                      flush=True)
+            await asyncio.wait(set(outs.values()), timeout=2.0, return_when=asyncio.FIRST_COMPLETED)
         phase.stop()
         long.rss_at[100] = (phase.rss_mb, phase.server_rss_mb)
-        assert proc.returncode == 0, err.decode()[-2000:]
-        seen = json.loads(stdout.decode().splitlines()[-1])
-        phase.groups, phase.lags, phase.acks = seen["groups"], seen["lags"], seen["acks"]
-        phase.fetches = [0.0]
+        logs: dict[int, dict] = {}
+        for size, out in outs.items():
+            stdout, err = out.result()
+            assert procs[size].returncode == 0, err.decode()[-2000:]
+            logs[size] = json.loads(stdout.decode().splitlines()[-1])
+            assert logs[size]["groups"] == total, (size, logs[size]["groups"], total)
+        phase.groups = total
         await job.wait()
     wid = workflow_id(job.id)
     async for execution in job.client.list_workflows(f'WorkflowId="{wid}"'):
-        history = await job.client.get_workflow_handle(wid, run_id=execution.run_id).fetch_history()
-        started = history.events[0].workflow_execution_started_event_attributes
-        if started.continued_execution_run_id:
-            long.carries.append(sum(p.ByteSize() for p in started.input.payloads))
-    assert phase.groups == total, (phase.groups, total)
+        events = job.client.get_workflow_handle(wid, run_id=execution.run_id).fetch_history_events()
+        async for event in events:  # only the first event: the run's input
+            started = event.workflow_execution_started_event_attributes
+            if started.continued_execution_run_id:
+                long.carries.append(sum(p.ByteSize() for p in started.input.payloads))
+            break
+    return logs
 
 
-def report_long(name: str, long: Long) -> None:
+def report_long(long: Long, logs: dict[int, dict]) -> None:
     rss = ", ".join(f"{pct}%: {w:.0f} / {s:.0f}" for pct, (w, s) in sorted(long.rss_at.items()))
     carry = max(long.carries, default=0)
-    print(f"{'':<22} peak RSS worker / server MiB at {rss}; kept at most {long.kept_max} groups "
+    for size, log in sorted(logs.items()):
+        ms = [1000 * a for a in log["acks"]]
+        lag = [1000 * x for x in log["lags"]]
+        print(f"{'':<22} consumer b={size}: {len(ms)} acks p50 {percentile(ms, 0.5):.0f} ms, "
+              f"p99 {percentile(ms, 0.99):.0f} ms; delivery lag p50 {percentile(lag, 0.5):.0f} ms, "
+              f"p99 {percentile(lag, 0.99):.0f} ms", flush=True)
+    growth = 100 * (long.rss_at[100][0] / long.rss_at[10][0] - 1) if 10 in long.rss_at else float("nan")
+    sgrowth = 100 * (long.rss_at[100][1] / long.rss_at[10][1] - 1) if 10 in long.rss_at else float("nan")
+    print(f"{'':<22} peak RSS worker / server MiB at {rss} (growth 10%->100%: worker {growth:+.0f}%, "
+          f"server {sgrowth:+.0f}%); kept at most {long.kept_max} groups "
           f"({long.state_max / 1024:.0f} KiB of stream state); {len(long.carries)} continue-as-new, "
           f"largest carry {carry / 1024:.0f} KiB", flush=True)
 
@@ -249,22 +279,17 @@ async def main(args: argparse.Namespace) -> None:
     total = rows * args.group
     print(f"{total} rollouts = {rows} groups of {args.group}, concurrency {args.concurrency}; "
           f"load average {' '.join(f'{x:.1f}' for x in os.getloadavg())}", flush=True)
+    if args.long:
+        await long_main(args, taskset, agent, runtime, me, server)
+        return
     base = Phase(me, server)
     await run_phase(taskset, agent, runtime, args.group, args.concurrency, base)
     report("run (no consumer)", base, total)
     streams: list[tuple[str, Phase]] = []
-    port = json.loads((rollouts_home() / "temporal.json").read_text())["port"]
     for size in args.batch_sizes:
         phase = Phase(me, server)
-        if args.long:
-            long = Long()
-            await long_phase(taskset, agent, runtime, args.group, args.concurrency, size, phase,
-                             args.page_size, f"127.0.0.1:{port}", long)
-            report(f"stream b={size} (own process)", phase, total)
-            report_long(f"stream b={size}", long)
-        else:
-            await stream_phase(taskset, agent, runtime, args.group, args.concurrency, size, phase)
-            report(f"stream b={size}", phase, total)
+        await stream_phase(taskset, agent, runtime, args.group, args.concurrency, size, phase)
+        report(f"stream b={size}", phase, total)
         streams.append((f"stream b={size}", phase))
     if args.cli:
         size = args.batch_sizes[-1]
@@ -283,6 +308,36 @@ async def main(args: argparse.Namespace) -> None:
     print(f"load average at the end {' '.join(f'{x:.1f}' for x in os.getloadavg())}", flush=True)
 
 
+async def long_main(args: argparse.Namespace, taskset, agent, runtime, me, server) -> None:
+    """``--long``: ``Taskset.run`` of ``--baseline-n`` rollouts, the one long streamed job, the
+    run again; the stream's groups/s against the two runs' mean (a rate: the runs are shorter)."""
+    from durable_rollouts.paths import rollouts_home
+    from durable_rollouts.sdk.taskset import Taskset
+
+    port = json.loads((rollouts_home() / "temporal.json").read_text())["port"]
+    base_rows = max(1, min(args.n, args.baseline_n) // args.group)
+    short = Taskset("stream-bench-run", letter_tasks(base_rows))
+    runs: list[Phase] = []
+    for name in ("run (no consumer)", None, "run again"):
+        if name is None:
+            phase, long = Phase(me, server), Long()
+            logs = await long_phase(taskset, agent, runtime, args.group, args.concurrency,
+                                    args.batch_sizes, phase, args.page_size,
+                                    f"127.0.0.1:{port}", long)
+            report(f"one job, consumers b={','.join(map(str, args.batch_sizes))}", phase,
+                   len(taskset) * args.group)
+            report_long(long, logs)
+            continue
+        run = Phase(me, server)
+        await run_phase(short, agent, runtime, args.group, args.concurrency, run)
+        report(name, run, base_rows * args.group)
+        runs.append(run)
+    rate = sum(r.groups / r.wall for r in runs) / len(runs)
+    print(f"stream / run groups/s ratio {phase.groups / phase.wall / rate:.2f} "
+          f"(runs of {base_rows * args.group} rollouts)", flush=True)
+    print(f"load average at the end {' '.join(f'{x:.1f}' for x in os.getloadavg())}", flush=True)
+
+
 if __name__ == "__main__":
     parser = argparse.ArgumentParser()
     parser.add_argument("--n", type=int, default=10_000, help="rollouts (n / group groups)")
@@ -295,6 +350,8 @@ if __name__ == "__main__":
     parser.add_argument("--long", action="store_true",
                         help="consumer in its own process; RSS at 10/50/100%%, kept state, carries")
     parser.add_argument("--page-size", type=int, default=128, help="stream page size (--long)")
+    parser.add_argument("--baseline-n", type=int, default=20_000,
+                        help="rollouts of each Taskset.run the --long stream is compared with")
     args = parser.parse_args()
     if args.page_size < 1:
         parser.error("--page-size: use a whole number of groups >= 1")
