@@ -64,13 +64,24 @@ def show(
     temporal: TemporalOption = None,
     as_json: JsonOption = False,
     connect_timeout: ConnectTimeoutOption = 5.0,
+    every: Annotated[
+        bool,
+        typer.Option(
+            "--all",
+            help="every rollout even on a job of more than 2,000 (reads every result: slow)",
+        ),
+    ] = False,
 ) -> None:
-    """Show a job: per-task summary, every rollout's status/reward/attempts/error, zero-spread groups."""
+    """Show a job: per-task summary, every rollout's status/reward/attempts/error, zero-spread groups.
+
+    A job of more than 2,000 rollouts shows its counters and latest rollouts instead (fast at any
+    length); --all or --json read every rollout."""
     from durable_rollouts.cli.views import show as show_job
 
     drive(
         lambda out, err: show_job(
-            out, job, temporal=temporal, as_json=as_json, connect_timeout=connect_timeout
+            out, job, temporal=temporal, as_json=as_json, connect_timeout=connect_timeout,
+            every=every,
         )
     )
 

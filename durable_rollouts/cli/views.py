@@ -12,11 +12,13 @@ from rich.console import Console
 
 from durable_rollouts.cli import render
 from durable_rollouts.temporal.control import cancel_job, list_jobs
+from durable_rollouts.temporal.job_summary import summarize_job
 from durable_rollouts.temporal.jobs import connect, load_job
 
 from ..errors import ConfigError
 from .batch import ui_base
 from .output import job_json, policy_notes, write_export
+from .summary import show_summary
 
 __all__ = ["cancel", "export", "find_run", "jobs", "show", "trace"]
 
@@ -43,10 +45,19 @@ async def jobs(
     return 0
 
 
+SHOW_EVERY_ROLLOUT = 2_000  # above this, `show` prints the counters and the latest rollouts
+
+
 async def show(
-    out: Console, job_id: str, *, temporal: str | None, as_json: bool, connect_timeout: float
+    out: Console, job_id: str, *, temporal: str | None, as_json: bool, connect_timeout: float,
+    every: bool = False,
 ) -> int:
     client = await connect(temporal, connect_timeout)
+    if not every and not as_json:
+        summary = await summarize_job(client, job_id)
+        if summary.rollouts > SHOW_EVERY_ROLLOUT:
+            show_summary(out, summary, ui_base(temporal))
+            return 0
     view = await load_job(client, job_id)
     ui = ui_base(temporal)
     if as_json:
