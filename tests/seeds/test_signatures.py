@@ -96,3 +96,26 @@ def test_docker_runtime_takes_docker_run_arguments_as_hud_writes_them() -> None:
         DockerRuntime("my-env", run_args=("--gpus", "all"))
     with pytest.raises(ConfigError, match="'--shm-size' needs a value"):
         DockerRuntime("my-env", run_args=("--shm-size",))
+
+
+async def test_hello_returns_the_manifest_and_still_reads_as_the_reply() -> None:
+    """Seed 000, ``HudClient.hello``: ``await client.hello()`` parses the reply into a
+    ``Manifest`` (kept as ``client.manifest``); ``session_id`` resumes the session."""
+    from durable_rollouts import Runtime
+    from durable_rollouts.client import Manifest, connect
+    from durable_rollouts.envserver import serving
+
+    tools = Capability.mcp(name="tools", url="http://127.0.0.1:9/mcp")
+    async with serving(Environment(name="manifested", version="1.2", capabilities=[tools])) as server, \
+            connect(Runtime(f"tcp://127.0.0.1:{server.port}")) as client:
+        first = client.manifest
+        assert isinstance(first, Manifest) and first.server_info.name == "manifested"
+        assert [(b.name, b.protocol, b.url) for b in first.bindings] == [
+            ("tools", tools.protocol, "http://127.0.0.1:9/mcp")]
+        manifest = await client.hello(first.session_id)
+        assert isinstance(manifest, Manifest) and client.manifest is manifest
+        assert manifest == first and manifest.protocol_version == first["protocol"]
+        # today's form: the reply as a dict
+        assert manifest["session_id"] == manifest.session_id and "bindings" in manifest
+        assert manifest.get("env") == {"name": "manifested", "version": "1.2"}
+        assert manifest.get("absent", 7) == 7
