@@ -15,11 +15,11 @@ Not ported, and why:
 - Robots: ``hud.environment.robot`` (``RobotEndpoint``, ``MainThreadSimRunner``).
 - Seed 002's desktop (``Xvfb``/``x11vnc``, not installed here) and the coding-agent cookbook
   (needs a model); the CLI snippets (``hud init``, ``uv``) and Dockerfiles.
-- ``ModalRuntime(image=<modal.Image>)``, ``hello()`` returning a Manifest (``client.manifest``
-  is one): not built yet (README "Coming from HUD"). ``Agent`` with a HUD-style ``__init__``:
-  ``test_hud_style_agent.py``. The constructor signatures that are built (``DockerRuntime(run_args=(...))``,
-  ``ModalRuntime(image_name=)``, ``Environment(capabilities=)``, ``env.serve()``, ``connect``)
-  are checked in ``test_signatures.py``; running Docker or Modal is the providers' tests' job.
+- ``Agent`` with a HUD-style ``__init__``: ``test_hud_style_agent.py``. The signatures
+  (``DockerRuntime(run_args=(...))``, ``ModalRuntime(image_name, *, image=<modal.Image>,
+  app_name=)`` against the Modal stand-in, ``Environment(capabilities=)``, ``env.serve()``,
+  ``connect``, ``hello()`` returning the Manifest) are checked in ``test_signatures.py``;
+  running Docker or Modal is the providers' tests' job.
 - Seed 003 (lazy tasksets: ``REQUIRES_GROUP_ROLLOUTS``, ``NEEDS_CONTAINER``, the deriving replay
   taskset, staged conversations): not built yet.
 - Seed 002's ``Mount`` workspace is declared here but not served: it needs ``/data`` and
