@@ -8,5 +8,6 @@ tokens derived from a key. Sits beside ``envserver``: imports the shared models 
 """
 
 from .envclient import EnvClient, connect
+from .manifest import Manifest
 
-__all__ = ["EnvClient", "connect"]
+__all__ = ["EnvClient", "Manifest", "connect"]

@@ -165,8 +165,11 @@ class EnvClient:
                 raise ProtocolError(ErrorCode.INTERNAL_ERROR, f"non-object result: {result!r}")
             return result
 
-    async def hello(self, session_id: str | None = None) -> dict[str, Any]:
-        """Open (or resume, with ``session_id``) a session; starts binding forwarders."""
+    async def hello(self, session_id: str | None = None) -> Manifest:
+        """Open (or resume, with ``session_id``) a session; starts binding forwarders.
+
+        Returns the :class:`Manifest` (also kept as ``self.manifest``); it reads as the reply
+        dict too."""
         params: dict[str, Any] = {"protocol": PROTOCOL_VERSION}
         if session_id is not None:
             params["session_id"] = session_id
@@ -187,9 +190,9 @@ class EnvClient:
         self.session_id = info.session_id
         self.env = info.env
         self.bindings = info.bindings
-        self.manifest = Manifest.from_hello(result, info.session_id, info.env, info.bindings)
+        self.manifest = manifest = Manifest.from_hello(result, info.session_id, info.env, info.bindings)
         await self._start_forwarders()
-        return result
+        return manifest
 
     async def list_tasks(self) -> list[dict[str, Any]]:
         """The ``tasks.list`` entries."""

@@ -10,6 +10,11 @@ it, every later step derives it again (workers on several hosts need the same
 and reuses its own running sandbox instead of creating a second. The sandbox timeout is the run
 timeout plus a margin, so Modal itself removes a forgotten sandbox; ``release`` terminates it.
 
+The image is a published name (``image_name``, as HUD writes it) or, as in HUD, a
+``modal.Image`` object (``image=``). The object cannot travel in the provider's spec: workers in
+this process use it (a process-local handle); workers elsewhere get it by id when it was built
+already (``image.build(app)``: the spec then carries its ``object_id``), else one ConfigError.
+
 Imports models, errors and the provider base; ``modal`` only inside methods.
 """
 
@@ -17,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import uuid
 from contextlib import suppress
 from typing import Any, ClassVar
 
@@ -35,7 +41,7 @@ from .base import (
     probe_ready,
 )
 
-__all__ = ["ModalRuntime"]
+__all__ = ["MODAL_IMAGE_ELSEWHERE", "ModalRuntime"]
 
 log = logging.getLogger(__name__)
 
@@ -44,14 +50,23 @@ DEFAULT_RUN_TIMEOUT_S = 3600.0
 TIMEOUT_MARGIN_S = 600
 LOG_TAIL_LINES = 40
 
+MODAL_IMAGE_ELSEWHERE = (
+    "ModalRuntime(image=<modal.Image>): the image object exists only in the process that made the "
+    "runtime, and this worker is elsewhere; build it first (image.build(app), so workers get it "
+    "by id) or publish it and pass image_name=")
+
+_IMAGES: dict[str, Any] = {}  # image handle -> the modal.Image object, in the process that made it
+
 
 class ModalRuntime(DurableProvider):
     """Run each rollout's environment in a Modal Sandbox.
 
     Args:
-        image: a registry image reference (``modal.Image.from_registry``) holding the env,
+        image_name: a registry image reference (``modal.Image.from_registry``) holding the env,
             e.g. one built from docker/env.Dockerfile and pushed; a task's
             ``runtime_config.image`` overrides it.
+        image: a ``modal.Image`` object instead of a name (HUD's form; see the module doc for
+            how it reaches workers), or the name itself (this package's earlier form).
         command: the sandbox command (default: the image's ``rollouts-env`` entry point).
         port: the port the env serves on inside the sandbox.
         app_name: the Modal App the sandboxes belong to (created if missing).
@@ -69,8 +84,9 @@ class ModalRuntime(DurableProvider):
 
     def __init__(
         self,
-        image: str | None = None,
+        image_name: str | None = None,
         *,
+        image: Any = None,
         command: list[str] | None = None,
         port: int = 8765,
         app_name: str = "durable-rollouts",
@@ -79,16 +95,25 @@ class ModalRuntime(DurableProvider):
         gpu_type: str = "any",
         max_provisions_per_s: float | None = None,
         max_substrates: int | None = None,
-        image_name: str | None = None,
+        image_handle: str | None = None,
+        image_id: str | None = None,
     ) -> None:
         self.admit(max_provisions_per_s, max_substrates)
-        if image_name is not None and image is not None and image != image_name:
-            raise ConfigError("ModalRuntime: give the image name once (image_name= is HUD's name "
-                              "of the first argument; a modal.Image object is not supported)")
-        if image is not None and not isinstance(image, str):
-            raise ConfigError(f"ModalRuntime takes a published image name, not a "
-                              f"{type(image).__name__} (a modal.Image object is not supported)")
-        self.image = image if image is not None else image_name
+        if image is not None and image_name is not None and image != image_name:
+            raise ConfigError("ModalRuntime: give either a published image name (image_name) or "
+                              "a modal.Image object (image=), not both")
+        if image_name is not None and not isinstance(image_name, str):
+            raise ConfigError(f"ModalRuntime(image_name=...) is a published image name, not a "
+                              f"{type(image_name).__name__}: pass a modal.Image object as image=")
+        self.image: str | None = image if isinstance(image, str) else image_name
+        self.image_object: Any = None if isinstance(image, str) else image
+        if self.image_object is not None:
+            image_handle = image_handle or uuid.uuid4().hex
+            _IMAGES.setdefault(image_handle, self.image_object)
+        elif image_handle is not None:
+            self.image_object = _IMAGES.get(image_handle)
+        self.image_handle = image_handle
+        self.image_id = image_id
         self.command = list(command) if command else None
         self.port = int(port)
         self.app_name = app_name
@@ -112,7 +137,15 @@ class ModalRuntime(DurableProvider):
             )
 
     def __repr__(self) -> str:
-        return f"ModalRuntime({self.image!r}, app_name={self.app_name!r})"
+        image = self.image if self.image_handle is None else "<modal.Image>"
+        return f"ModalRuntime({image!r}, app_name={self.app_name!r})"
+
+    def _built_image_id(self) -> str | None:
+        """The Modal id of the image object, once built (an unbuilt one has none)."""
+        if self.image_id is None and self.image_object is not None:
+            found = getattr(self.image_object, "object_id", None)  # AttributeError until built
+            self.image_id = found if isinstance(found, str) else None
+        return self.image_id
 
     def spec(self) -> ProviderSpec:
         options: dict[str, Any] = {
@@ -120,6 +153,10 @@ class ModalRuntime(DurableProvider):
             "port": self.port,
             "app_name": self.app_name,
         }
+        if self.image_handle is not None:
+            options["image_handle"] = self.image_handle
+        if self._built_image_id() is not None:
+            options["image_id"] = self.image_id
         if self.command:
             options["command"] = list(self.command)
         if self.env_vars:
@@ -135,7 +172,7 @@ class ModalRuntime(DurableProvider):
     @classmethod
     def from_options(cls, options: dict[str, Any]) -> ModalRuntime:
         opts = dict(options)
-        return cls(opts.pop("image", None), **opts)
+        return cls(opts.pop("image", None), **opts)  # the name; the object by image_handle
 
     # -- modal SDK ------------------------------------------------------------------------------
 
@@ -200,11 +237,7 @@ class ModalRuntime(DurableProvider):
     async def _create(
         self, modal: Any, app: Any, task: Task, key: str, config: RuntimeConfig
     ) -> Any:
-        image = config.image or self.image
-        if not image:
-            raise ConfigError(
-                "ModalRuntime needs an image (ModalRuntime(image) or runtime_config.image)"
-            )
+        image = self._image(modal, config)
         run_timeout = config.limits.run_timeout_s or DEFAULT_RUN_TIMEOUT_S
         tags = {
             k: v
@@ -230,7 +263,7 @@ class ModalRuntime(DurableProvider):
                 app=app,
                 name=container_name(key),
                 tags=tags,
-                image=modal.Image.from_registry(image),
+                image=image,
                 env=env,
                 timeout=int(run_timeout) + TIMEOUT_MARGIN_S,
                 unencrypted_ports=[self.port],
@@ -242,6 +275,22 @@ class ModalRuntime(DurableProvider):
             if found is None:
                 raise
             return found
+
+    def _image(self, modal: Any, config: RuntimeConfig) -> Any:
+        """The sandbox's image: the merged ``runtime_config.image`` name, else the image object
+        (here, or by its id), else ``image_name``."""
+        if config.image and config.image != self.image:
+            return modal.Image.from_registry(config.image)
+        if self.image_object is not None:
+            return self.image_object
+        if self._built_image_id() is not None:
+            return modal.Image.from_id(self.image_id)
+        if self.image:
+            return modal.Image.from_registry(self.image)
+        if self.image_handle is not None:
+            raise ConfigError(MODAL_IMAGE_ELSEWHERE)
+        raise ConfigError("ModalRuntime needs an image (ModalRuntime(image_name), "
+                          "image=modal.Image, or runtime_config.image)")
 
     async def _logs(self, sb: Any) -> str:
         out = []

@@ -1,7 +1,8 @@
 """Agents: the ``Agent`` base class, the built-in test agents, and loading agents from specs.
 
 An agent reaches a worker as data (``AgentSpec``: ``module:QualName`` or a built-in short name,
-plus its pydantic config) and is rebuilt there by :func:`load_agent`. A HUD v6 agent (a subclass
+plus its pydantic config, or the arguments of a HUD-style ``__init__``) and is rebuilt there by
+:func:`load_agent`. A HUD v6 agent (a subclass
 of ``hud.agents.base.Agent``) travels the same way, as its own class path plus ``dump()``, and runs
 through :class:`HudAgent`; :func:`as_agent` accepts either kind of agent object. Imports models,
 errors, hud_detect, run and the HUD adapter only; never envserver, providers or Temporal.
@@ -10,8 +11,12 @@ errors, hud_detect, run and the HUD adapter only; never envserver, providers or 
 from __future__ import annotations
 
 import asyncio
+import functools
+import inspect
+import json
 import sys
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError
@@ -26,8 +31,8 @@ if TYPE_CHECKING:
     from .run import Run
 
 __all__ = [
-    "Agent",
     "BUILTIN_AGENTS",
+    "Agent",
     "FailAgent",
     "FixedAgent",
     "HudAgent",
@@ -43,11 +48,18 @@ __all__ = [
 class Agent(BaseModel, ABC):
     """Base class of agents: drive ``run`` and put the final answer in ``run.trace.content``.
 
-    Subclasses are pydantic models: their fields are the config that travels to workers.
+    Two ways to write one. Declare settings as pydantic fields (they are the config that travels
+    to workers), or, as HUD writes agents, give the class its own ``__init__`` that sets plain
+    attributes (``self.model = model``; no ``super().__init__()`` needed): such an agent travels
+    as its class path plus the arguments its ``__init__`` was called with, which must be JSON
+    data, and workers rebuild it by calling the class with them.
 
     Example::
 
         class MyAgent(Agent):
+            def __init__(self, model: str = "gpt-4o") -> None:
+                self.model = model
+
             async def __call__(self, run: Run) -> None:
                 run.trace.content = "3"
     """
@@ -57,17 +69,46 @@ class Agent(BaseModel, ABC):
     short_name: ClassVar[str | None] = None
     """Set by built-in agents: the name a spec may use instead of an import path."""
 
+    _own_init: ClassVar[bool] = False
+    """True for a class (or the subclass of one) that defines its own ``__init__`` (HUD style)."""
+
     timeout_s: float | None = Field(default=None, gt=0)
     """Wall-clock limit of one agent step; on expiry the trace stops with ``timeout``."""
+
+    _init_args: dict[str, Any] | None = PrivateAttr(default=None)
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "__init__" in cls.__dict__:
+            cls._own_init = True
+            cls.__init__ = _wrap_own_init(cls.__dict__["__init__"])  # type: ignore[method-assign]
+
+    def __init__(self, /, **data: Any) -> None:
+        if not _set_up(self):
+            super().__init__(**data)
+        elif data:  # a HUD-style __init__ calling super().__init__(timeout_s=...): set, validated
+            probe = BaseModel.__new__(type(self))
+            BaseModel.__init__(probe, **data)
+            for name in data:
+                setattr(self, name, getattr(probe, name))
+
+    __init__.__pydantic_base_init__ = True  # type: ignore[attr-defined]  # no custom-init path
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if type(self)._own_init and name not in type(self).model_fields and not name.startswith("_"):
+            object.__setattr__(self, name, value)  # a HUD-style attribute, kept outside the fields
+        else:
+            super().__setattr__(name, value)
 
     @abstractmethod
     async def __call__(self, run: Run) -> None:
         """Work on ``run``; set ``run.trace.content`` to the final answer."""
 
     def spec(self) -> AgentSpec:
-        """This agent as data: its import path (or short name) plus its config."""
+        """This agent as data: its import path (or short name) plus its config (its fields, or
+        the arguments of its own ``__init__``)."""
         cls = type(self)
-        config = self.model_dump(mode="json", exclude_defaults=True)
+        config = self._init_config() if cls._own_init else self.model_dump(mode="json", exclude_defaults=True)
         if cls.short_name and BUILTIN_AGENTS.get(cls.short_name) is cls:
             return AgentSpec(path=cls.short_name, config=config)
         if "<locals>" in cls.__qualname__:
@@ -78,6 +119,75 @@ class Agent(BaseModel, ABC):
         # A class from __main__ works with the embedded worker (same process); a remote worker
         # cannot import it and load_agent says so there.
         return AgentSpec(path=f"{cls.__module__}:{cls.__qualname__}", config=config)
+
+    def _init_config(self) -> dict[str, Any]:
+        """The keyword arguments this HUD-style agent was built with (ConfigError if they cannot
+        travel: positional extras, or values that are not JSON data)."""
+        args = self._init_args or {}
+        name = type(self).__qualname__
+        if _VARARGS in args:
+            raise ConfigError(f"agent {name} was built with extra positional arguments (*args); "
+                              "workers rebuild it from keyword arguments only")
+        for key, value in args.items():
+            try:
+                json.dumps(value, allow_nan=False)
+            except (TypeError, ValueError):
+                raise ConfigError(
+                    f"agent {name} was built with {key}={type(value).__name__}, which is not JSON "
+                    "data; workers rebuild the agent by calling its class with its __init__ "
+                    "arguments, so pass plain data (a model name, a dict) and build clients "
+                    "inside the agent") from None
+        return dict(args)
+
+
+_VARARGS = "*args"
+
+
+def _set_up(agent: BaseModel) -> bool:
+    """Whether pydantic's state of ``agent`` is in place (BaseModel.__init__ ran)."""
+    try:
+        object.__getattribute__(agent, "__pydantic_fields_set__")
+    except AttributeError:
+        return False
+    return True
+
+
+def _wrap_own_init(init: Callable[..., None]) -> Callable[..., None]:
+    """Wrap a subclass's own ``__init__``: pydantic's state first (fields at their defaults), the
+    call's arguments recorded (by the outermost ``__init__`` only), then the user's code."""
+    signature = inspect.signature(init)
+
+    @functools.wraps(init)
+    def __init__(self: Agent, *args: Any, **kwargs: Any) -> None:
+        if not _set_up(self):
+            BaseModel.__init__(self)
+            try:
+                bound = signature.bind(self, *args, **kwargs)
+            except TypeError:
+                bound = None  # the call below raises the usual TypeError
+            if bound is not None:
+                self._init_args = _keywords(bound)
+        init(self, *args, **kwargs)
+
+    return __init__
+
+
+def _keywords(bound: inspect.BoundArguments) -> dict[str, Any]:
+    """The explicitly passed arguments of ``bound`` (without ``self``) as keywords."""
+    out: dict[str, Any] = {}
+    params = bound.signature.parameters
+    for position, (name, value) in enumerate(bound.arguments.items()):
+        if position == 0:
+            continue  # self
+        kind = params[name].kind
+        if kind is inspect.Parameter.VAR_POSITIONAL:
+            if value:
+                out[_VARARGS] = list(value)
+        elif kind is inspect.Parameter.VAR_KEYWORD:
+            out.update(value)
+        else:
+            out[name] = value
+    return out
 
 
 class FixedAgent(Agent):
@@ -196,8 +306,8 @@ def load_agent(spec: AgentSpec | str) -> Agent:
     if not issubclass(cls, Agent):
         raise ConfigError(f"agent {spec.path!r} is not a durable_rollouts Agent subclass")
     try:
-        return cls.model_validate(spec.config)
-    except ValidationError as exc:
+        return cls(**spec.config) if cls._own_init else cls.model_validate(spec.config)
+    except (ValidationError, TypeError) as exc:
         raise ConfigError(f"invalid config for agent {spec.path!r}: {exc}") from exc
 
 

@@ -48,6 +48,10 @@ def check_remote_provider(spec: ProviderSpec) -> None:
     Environment) and the batch has no worker in this process to use it."""
     local_only = ((spec.kind == "callable" and not spec.options.get("path"))
                   or (spec.kind == "local" and "instance" in spec.options))
+    if spec.kind == "modal" and spec.options.get("image_handle") and not spec.options.get("image_id"):
+        from ..runtimes.modal import MODAL_IMAGE_ELSEWHERE  # lazily: modal batches only
+
+        raise ConfigError(MODAL_IMAGE_ELSEWHERE)
     if local_only:
         raise ConfigError("the runtime is a lambda, a closure or a live Environment that only "
                           "exists in this process, and this batch runs on workers elsewhere: "

@@ -1,6 +1,6 @@
 """A stand-in for the ``modal`` SDK boundary, for testing ModalRuntime where Modal is unreachable.
 
-It mimics the calls ModalRuntime makes (``App.lookup``, ``Image.from_registry``,
+It mimics the calls ModalRuntime makes (``App.lookup``, ``Image.from_registry/from_id``,
 ``Sandbox.create/list/from_id``, ``sandbox.tunnels/poll/terminate/get_tags``, ``.aio`` style),
 records every call, and runs each "sandbox" as a REAL local env server process
 (``python -m durable_rollouts.envserver $ROLLOUTS_ENV_FILE --host 127.0.0.1``) with the token
@@ -179,7 +179,7 @@ class FakeModal(types.ModuleType):
             AlreadyExistsError=type("AlreadyExistsError", (_Error,), {}),
         )
         self.App = types.SimpleNamespace(lookup=_Aio(self._lookup))
-        self.Image = types.SimpleNamespace(from_registry=self._from_registry)
+        self.Image = types.SimpleNamespace(from_registry=self._from_registry, from_id=self._image_from_id)
         self.Sandbox = types.SimpleNamespace(
             create=_Aio(self._create), list=_Aio(self._list), from_id=_Aio(self._from_id)
         )
@@ -191,6 +191,10 @@ class FakeModal(types.ModuleType):
     def _from_registry(self, tag: str) -> Any:
         self.calls.append(("Image.from_registry", tag))
         return ("image", tag)
+
+    def _image_from_id(self, image_id: str) -> Any:
+        self.calls.append(("Image.from_id", image_id))
+        return ("image-id", image_id)
 
     async def _create(
         self,

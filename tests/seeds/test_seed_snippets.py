@@ -15,11 +15,11 @@ Not ported, and why:
 - Robots: ``hud.environment.robot`` (``RobotEndpoint``, ``MainThreadSimRunner``).
 - Seed 002's desktop (``Xvfb``/``x11vnc``, not installed here) and the coding-agent cookbook
   (needs a model); the CLI snippets (``hud init``, ``uv``) and Dockerfiles.
-- ``ModalRuntime(image=<modal.Image>)``, ``hello()`` returning a Manifest (``client.manifest``
-  is one), ``Agent`` with a HUD-style ``__init__`` (ours is a pydantic model): not built yet (README
-  "Coming from HUD"). The constructor signatures that are built (``DockerRuntime(run_args=(...))``,
-  ``ModalRuntime(image_name=)``, ``Environment(capabilities=)``, ``env.serve()``, ``connect``)
-  are checked in ``test_signatures.py``; running Docker or Modal is the providers' tests' job.
+- ``Agent`` with a HUD-style ``__init__``: ``test_hud_style_agent.py``. The signatures
+  (``DockerRuntime(run_args=(...))``, ``ModalRuntime(image_name, *, image=<modal.Image>,
+  app_name=)`` against the Modal stand-in, ``Environment(capabilities=)``, ``env.serve()``,
+  ``connect``, ``hello()`` returning the Manifest) are checked in ``test_signatures.py``;
+  running Docker or Modal is the providers' tests' job.
 - Seed 003 (lazy tasksets: ``REQUIRES_GROUP_ROLLOUTS``, ``NEEDS_CONTAINER``, the deriving replay
   taskset, staged conversations): not built yet.
 - Seed 002's ``Mount`` workspace is declared here but not served: it needs ``/data`` and
@@ -144,8 +144,8 @@ def test_seed_002_creating_and_loading_tasksets(tmp_path: Path) -> None:
 @pytest.mark.slow
 async def test_seed_002_running_tasks_and_tasksets(client, task_queue) -> None:
     """Seed 002, "Running Tasks and Tasksets" (``env.py`` is the golden path's file)."""
-    agent, ts, temporal = FixedAgent(answer="3"), Taskset.from_file(LETTER_COUNT), dict(
-        temporal=client, worker=True, task_queue=task_queue)
+    agent, ts, temporal = FixedAgent(answer="3"), Taskset.from_file(LETTER_COUNT), {
+        "temporal": client, "worker": True, "task_queue": task_queue}
     # one task
     job = await count_letter()(word="strawberry").run(agent, runtime=LocalRuntime(LETTER_COUNT),
                                                       **temporal)
