@@ -201,7 +201,7 @@ async def latency(samples: int) -> None:
         await run_direct(one, agent, runtime)
         direct.append(time.perf_counter() - t0)
     d50, x50 = percentile(durable, 0.5) * 1000, percentile(direct, 0.5) * 1000
-    print(f"concurrency 1, {samples} one-rollout batches (end to end):")
+    print(f"concurrency 1, {samples} one-rollout batches (end to end; load average {os.getloadavg()[0]:.1f}):")
     print(f"  durable p50 {d50:.0f} ms  p90 {percentile(durable, 0.9) * 1000:.0f} ms")
     print(f"  direct  p50 {x50:.0f} ms  p90 {percentile(direct, 0.9) * 1000:.0f} ms")
     print(f"  added p50 latency {d50 - x50:.0f} ms", flush=True)
@@ -216,10 +216,12 @@ async def throughput(bench: Bench, title: str, paths: list[str], repeats: int, n
                 key = name if len(groups) == 1 else f"{name} g{group}"
                 sample = await bench.path(name, n, sleep, concurrency, group)
                 rows.setdefault(key, Row(key)).samples.append(sample)
-                print(f"    {key:12s} {sample.wall:6.1f} s  ok {sample.ok}/{n}", file=sys.stderr, flush=True)
+                print(f"    {key:12s} {sample.wall:6.1f} s  ok {sample.ok}/{n}  load {os.getloadavg()[0]:.1f}",
+                      file=sys.stderr, flush=True)
     ideal = n / concurrency * sleep
     print(f"{title}: {n} rollouts of a {sleep:g} s agent at concurrency {concurrency} "
-          f"(ideal {ideal:.1f} s), median of {repeats}:")
+          f"(ideal {ideal:.1f} s), median of {repeats}; 1-min load average now "
+          f"{os.getloadavg()[0]:.1f} (a shared box above ~2 skews walls: compare A/B run close together):")
     print(f"  {'path':12s} {'wall s':>7s} {'runs':>16s} {'batch s':>8s} {'rollouts/s':>10s} "
           f"{'cpu ms/rollout':>15s} {'server ms/rollout':>18s}")
     for key, row in rows.items():

@@ -99,7 +99,7 @@ class Template:
                 continue
             self._adapters[name] = _adapter(hints.get(name, Any))
         self._answer_adapter: TypeAdapter[Any] | None = (
-            TypeAdapter(returns) if returns is not None else None
+            _adapter(returns) if returns is not None else None  # shared when plain (list[str])
         )
 
     # -- calling a template builds a Task row ------------------------------------------------
