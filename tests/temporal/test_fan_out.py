@@ -152,3 +152,45 @@ async def test_a_streamed_batch_wider_than_one_workflow_is_refused(
             CountingAgent(answer="x"), runtime=LocalRuntime(ENV_FILE), group=GROUP,
             max_concurrent=WIDTH, temporal=client, worker=True, consumers=["trainer"])
     assert "at most 15" in str(err.value)
+
+
+async def test_without_parts_the_lowered_limit_holds_a_batch_at_it(
+        limited_server, monkeypatch, tmp_path) -> None:
+    """The control: as one workflow (knob above the width) the same batch starts nothing: the
+    server refuses the workflow task that starts 50 children (PendingChildWorkflowsLimitExceeded),
+    so the parts above are what carried the batch past the limit."""
+    monkeypatch.setenv("ROLLOUTS_CHILDREN_PER_WORKFLOW", "100")
+    client = await connect_client(limited_server.address)
+    log, fast = tmp_path / "agents.log", tmp_path / "fast"
+    handle = await _taskset("capped").run(
+        CountingAgent(answer="x", log=str(log), seconds=60.0, fast_file=str(fast)),
+        runtime=LocalRuntime(ENV_FILE), group=GROUP, max_concurrent=WIDTH, temporal=client,
+        worker=True, task_queue=f"fan-{os.getpid()}-{time.monotonic_ns()}", wait=False)
+    await asyncio.sleep(8)  # the server refuses the task that starts 50 children, again and again
+    assert read_lines(log) == []
+    assert (await handle.handle.describe()).raw_description.pending_children == []
+    fast.touch()
+    await handle.handle.terminate("test over")
+    await handle.release()
+
+
+async def test_a_wide_batch_starts_its_children_a_bounded_number_per_workflow_task(
+        client, task_queue) -> None:
+    """150 rollouts at once (one workflow): the batch starts 100 children, yields to a 1 ms
+    timer, then starts the rest; every rollout still runs once."""
+    taskset = Taskset("paced", [Task(env="counting", id="echo", source=ENV_FILE,
+                                     args={"expected": "x", "tag": f"row{i}"}) for i in range(150)])
+    job = await taskset.run(CountingAgent(answer="x"), runtime=LocalRuntime(ENV_FILE),
+                            max_concurrent=150, temporal=client, worker=True, task_queue=task_queue)
+    assert len(job.runs) == 150 and {r.status for r in job.runs} == {"succeeded"}
+    history = await client.get_workflow_handle(workflow_id(job.id)).fetch_history()
+    kinds = [e.WhichOneof("attributes") for e in history.events]
+    per_task, starts = [], 0  # child starts each workflow task's commands made
+    for kind in kinds:
+        if kind == "start_child_workflow_execution_initiated_event_attributes":
+            starts += 1
+        elif kind == "workflow_task_completed_event_attributes":
+            per_task, starts = [*per_task, starts], 0
+    assert max(per_task) == 100 and sum(per_task) + starts == 150, per_task
+    assert "timer_started_event_attributes" in kinds
+    assert b"paced-child-starts" in b"".join(e.SerializeToString() for e in history.events)
