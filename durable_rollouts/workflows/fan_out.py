@@ -22,6 +22,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from temporalio import workflow
+from temporalio.common import SearchAttributeKey, SearchAttributePair, TypedSearchAttributes
 from temporalio.exceptions import ActivityError
 from temporalio.workflow import ParentClosePolicy
 
@@ -36,6 +37,8 @@ with workflow.unsafe.imports_passed_through():
     )
 
 __all__ = ["COUNTERS", "FanOut", "add_progress", "part_slices"]
+
+KEY_JOB_ID = SearchAttributeKey.for_keyword("RolloutsJobId")
 
 COUNTERS = ("started", "running", "succeeded", "failed", "errored", "timeout", "cancelled",
             "reward_sum", "graded")
@@ -112,13 +115,15 @@ class FanOut:
                 with contextlib.suppress(ActivityError):  # unresolved: each part records it failed
                     resolved[row] = await self._resolve(inp, await self._row(inp, row))
         parts: dict[asyncio.Future[TasksetRunResult], str] = {}
+        attrs = TypedSearchAttributes([SearchAttributePair(KEY_JOB_ID, inp.job_id)]) \
+            if inp.search_attributes else None  # the Web UI lists the parts with their job
         try:
             for k, (start, stop) in enumerate(slices):  # one start (a round trip) at a time
                 wid = shard_id(me, k)
                 parts[await workflow.start_child_workflow(
                     "TasksetRun", self._part_input(inp, k, start, stop, len(slices), resolved),
                     id=wid, task_queue=inp.task_queue, result_type=TasksetRunResult,
-                    parent_close_policy=ParentClosePolicy.REQUEST_CANCEL,
+                    parent_close_policy=ParentClosePolicy.REQUEST_CANCEL, search_attributes=attrs,
                     static_summary=f"{inp.job_name}: part {k + 1} of {len(slices)} "
                                    f"({stop - start} rollouts)",
                 )] = wid

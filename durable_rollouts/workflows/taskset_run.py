@@ -5,6 +5,7 @@ are referenced by name. Expands rows x group task-major, resolves each group onc
 workflow state, so replays and continue-as-new reuse it), keeps at most ``max_concurrent``
 children pending, counts compact results, answers the ``progress`` query, shows live details in
 the Web UI, and continues-as-new (after draining its children) before its history grows large.
+A batch wider than one workflow may hold runs as parts, child TasksetRuns (``fan_out``).
 
 A streamed batch (``Taskset.start``: ``TasksetRunInput.stream``) also keeps its finished groups
 for consumers (``stream``, handlers in ``stream_handlers``): it starts a new group only while
@@ -297,10 +298,16 @@ class TasksetRun(StreamHandlers, FanOut):
             ack = asyncio.ensure_future(workflow.wait_condition(
                 lambda: self._stream is not None and self._stream.may_start_group()))
             waits.append(ack)
+        stop = None
+        if inp.part is not None and self._failed_on is None:  # a sibling part's stop_batch wakes us
+            stop = asyncio.ensure_future(workflow.wait_condition(lambda: self._failed_on is not None))
+            waits.append(stop)
         done, _ = await workflow.wait(waits, return_when=asyncio.FIRST_COMPLETED)
-        if ack is not None and not ack.done():
-            ack.cancel()
-        for fut in sorted((f for f in done if f is not ack), key=lambda f: f.result().rollout_id):
+        for cond in (ack, stop):
+            if cond is not None and not cond.done():
+                cond.cancel()
+        for fut in sorted((f for f in done if f is not ack and f is not stop),
+                          key=lambda f: f.result().rollout_id):
             result = fut.result()
             results.append(result)
             self._progress.running -= 1

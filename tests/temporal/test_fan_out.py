@@ -20,6 +20,7 @@ from collections import Counter
 
 import pytest
 from temporal_helpers import ENV_FILE, HERE, CountingAgent, DevServer, read_lines
+from temporalio.common import SearchAttributeKey
 
 from durable_rollouts.errors import ConfigError
 from durable_rollouts.models import Task
@@ -91,6 +92,8 @@ async def test_a_batch_wider_than_one_workflow_runs_as_parts_and_is_one_job(
     assert peak > LIMIT, peak  # more in flight than one workflow may hold, in one progress
     parts = [await describe(client, f"{workflow_id(job.id)}/part-{k}") for k in range(5)]
     assert [p is not None for p in parts] == [True] * 4 + [False]
+    key = SearchAttributeKey.for_keyword("RolloutsJobId")  # the Web UI lists the parts with the job
+    assert {p.typed_search_attributes.get(key) for p in parts[:4]} == {job.id}
 
     shown = (await _cli(limited_server, "show", job.id, "--json")).json()
     assert [b["workflow_id"] for b in shown["batches"]] == [workflow_id(job.id)]
@@ -194,3 +197,21 @@ async def test_a_wide_batch_starts_its_children_a_bounded_number_per_workflow_ta
     assert max(per_task) == 100 and sum(per_task) + starts == 150, per_task
     assert "timer_started_event_attributes" in kinds
     assert b"paced-child-starts" in b"".join(e.SerializeToString() for e in history.events)
+
+
+async def test_on_error_fail_in_one_part_stops_every_part(limited_server, per_workflow, tmp_path) -> None:
+    """on_error="fail": a rollout of part 0 errors; its part cancels its rest and the batch tells
+    the other parts (signal ``stop_batch``), whose 60 s agents are cancelled at once, not waited for."""
+    client = await connect_client(limited_server.address)
+    log = tmp_path / "agents.log"
+    began = time.monotonic()
+    job = await _taskset("stop").run(
+        CountingAgent(answer="x", log=str(log), seconds=60.0, raise_for="row3"),
+        runtime=LocalRuntime(ENV_FILE), group=GROUP, max_concurrent=WIDTH, temporal=client,
+        worker=True, task_queue=f"fan-{os.getpid()}-{time.monotonic_ns()}", on_error="fail",
+        max_attempts=1)
+    assert time.monotonic() - began < 45
+    counts = Counter(r.status for r in job.runs)
+    assert counts["errored"] == GROUP and counts["cancelled"] == ROWS * GROUP - GROUP, counts
+    assert len(job.runs) == ROWS * GROUP
+    assert {r.row_index for r in job.runs if r.status == "errored"} == {3}
