@@ -8,7 +8,7 @@ first ``Rollout`` child; a fresh re-run's child adds ``-r<n>``, a re-sampled gro
 
 from __future__ import annotations
 
-__all__ = ["child_id", "group_id", "rollout_id", "workflow_id"]
+__all__ = ["batch_of", "child_id", "group_id", "rollout_id", "shard_id", "workflow_id"]
 
 
 def _suffix(batch_index: int) -> str:
@@ -18,6 +18,20 @@ def _suffix(batch_index: int) -> str:
 def workflow_id(job_id: str, batch_index: int = 0) -> str:
     """Workflow id of a job's batch: ``job-<job_id>`` (``-b<n>`` for later batches)."""
     return f"job-{job_id}{_suffix(batch_index)}"
+
+
+SHARD_MARK = "/part-"
+
+
+def shard_id(batch_workflow_id: str, shard: int) -> str:
+    """Workflow id of part ``shard`` of a batch wider than one workflow may hold
+    (``workflows.fan_out``): ``<batch workflow id>/part-<n>`` (no rollout id has a ``/``)."""
+    return f"{batch_workflow_id}{SHARD_MARK}{shard}"
+
+
+def batch_of(workflow_id: str) -> str:
+    """The batch a TasksetRun workflow id belongs to: itself, or the batch a part is of."""
+    return workflow_id.split(SHARD_MARK, 1)[0]
 
 
 def rollout_id(job_id: str, slug: str, group_index: int, batch_index: int = 0, resample: int = 0) -> str:

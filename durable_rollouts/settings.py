@@ -27,6 +27,7 @@ from .errors import ConfigError
 __all__ = [
     "ENV_FILE_VAR",
     "ENV_PORT_VAR",
+    "MAX_CHILDREN_PER_WORKFLOW",
     "PROCESS_NAMES",
     "RUN_TIMEOUT_VAR",
     "SERVE_PORT_VAR",
@@ -36,6 +37,10 @@ __all__ = [
     "settings",
     "var",
 ]
+
+
+MAX_CHILDREN_PER_WORKFLOW = 1900
+"""The most ``ROLLOUTS_CHILDREN_PER_WORKFLOW`` may be (Temporal: 2,000 pending children per workflow)."""
 
 
 def _var(name: str, default: Any, description: str, *, shown: str | None = None,
@@ -101,6 +106,11 @@ class Settings(BaseModel):
         "ROLLOUTS_AGENT_HEARTBEAT", 20.0, "Heartbeat timeout in seconds of the agent step: a dead "
         "worker's agent step is retried on a live one within it. Each waiting agent costs one "
         "heartbeat per 80% of it (set when a batch starts).", gt=0)
+    children_per_workflow: int = _var(
+        "ROLLOUTS_CHILDREN_PER_WORKFLOW", 1000, "Rollouts one batch workflow keeps in flight: a "
+        "batch whose `max_concurrent` is wider runs as parts, child batch workflows of at most "
+        "this many rollouts each, under Temporal's 2,000 pending children per workflow "
+        "(set when a batch starts).", ge=1, le=MAX_CHILDREN_PER_WORKFLOW)
     stream_page_size: int = _var(
         "ROLLOUTS_STREAM_PAGE_SIZE", 128, "Groups per page of a streamed job: groups every "
         "registered consumer acknowledged leave the batch's workflow state for `ROLLOUTS_STORAGE` "

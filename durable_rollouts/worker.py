@@ -51,6 +51,7 @@ from durable_rollouts.activities.owner import OwnerInterceptor
 from durable_rollouts.activities.stream_pages import StreamPageActivities
 from durable_rollouts.capacity import DEFAULT_SLOTS, check_capacity, register_slots, slots_for
 from durable_rollouts.errors import ConfigError
+from durable_rollouts.ids import batch_of
 from durable_rollouts.release import worker_identity
 from durable_rollouts.settings import WORKER_READY, Settings, settings, var
 from durable_rollouts.stores.tracestore import TraceStore
@@ -102,9 +103,10 @@ class _BoardInbound(WorkflowInboundInterceptor):
         info = workflow.info()
         if info.workflow_type == "TasksetRun":
             result = await super().execute_workflow(input)  # continue-as-new raises: keep counting
-            BOARD.close(info.workflow_id)
+            if batch_of(info.workflow_id) == info.workflow_id:  # a part's rollouts count for its batch
+                BOARD.close(info.workflow_id)
             return result
-        batch = info.parent.workflow_id if info.parent is not None else None
+        batch = batch_of(info.parent.workflow_id) if info.parent is not None else None
         if info.workflow_type != "Rollout" or batch is None:
             return await super().execute_workflow(input)
         BOARD.started(batch, info.workflow_id)

@@ -15,7 +15,7 @@ from datetime import timedelta
 from typing import Any
 
 from ..temporal.board import BOARD, ProgressBoard
-from ..workflows import TasksetRun
+from ..temporal.parts import batch_progress
 from ..workflows.types import Progress
 
 __all__ = ["QUERY_S", "QUERY_WITH_BOARD_S", "RENDER_HZ", "Feed"]
@@ -45,7 +45,7 @@ class Feed:
 
     async def _query(self) -> Progress | None:
         try:
-            return await self.handle.query(TasksetRun.progress, rpc_timeout=timedelta(seconds=2))
+            return await batch_progress(self.handle, rpc_timeout=timedelta(seconds=2))
         except Exception:  # noqa: BLE001 - no worker yet, or the run just continued-as-new
             return None
 

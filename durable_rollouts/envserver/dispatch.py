@@ -43,9 +43,10 @@ log = logging.getLogger(__name__)
 DEFAULT_MAX_TASKS = 2048
 """Tasks in progress (started, not yet graded or ended) at once, counting parked sessions.
 
-A guard against runaway clients, not a throttle: above the 1,500 rollouts one batch keeps in
-flight, so a server shared by a whole batch (LocalRuntime, a borrowed ``tcp://`` server) never
-refuses its rollouts."""
+A guard against runaway clients, not a throttle: above the 1,900 rollouts one batch workflow
+keeps in flight at most, so a server shared by a whole batch workflow (LocalRuntime, a borrowed
+``tcp://`` server) never refuses its rollouts; a wider batch (run as parts) sharing one server may need a higher
+``max_tasks``."""
 
 
 class _NoParams(BaseModel):

@@ -47,7 +47,7 @@ log = logging.getLogger(__name__)
 
 DEFAULT_MAX_CONNECTIONS = 4096
 """Connections (control and tunnel) served at once: room for two per rollout of a full batch
-(1,500 in flight), so a shared server is never the throttle. Needs ``ulimit -n`` above it."""
+workflow (at most 1,900 in flight), so a shared server is never the throttle. Needs ``ulimit -n`` above it."""
 
 REFUSE_LINGER_S = 1.0
 """How long a refused connection may take to send its EOF after the busy frame."""

@@ -37,7 +37,7 @@ from durable_rollouts.sdk.job import Job, mark_dropped
 from durable_rollouts.sdk.placement import check_remote_provider
 from durable_rollouts.sdk.run import Run
 from durable_rollouts.sdk.validation import validate_batch
-from durable_rollouts.settings import settings
+from durable_rollouts.settings import MAX_CHILDREN_PER_WORKFLOW, settings
 from durable_rollouts.stores.row_pages import MAX_EPOCHS, check_epochs, manifest_bytes, put_pages
 from durable_rollouts.stores.tracestore import TraceStore
 from durable_rollouts.temporal.connection import (
@@ -52,6 +52,7 @@ from durable_rollouts.temporal.jobs import (
     load_results,
     run_from_result,
 )
+from durable_rollouts.temporal.parts import batch_progress
 from durable_rollouts.temporal.queues import batch_queue
 from durable_rollouts.workflows import TasksetRun, workflow_id
 from durable_rollouts.workflows.stream import PolicyRef, StreamOptions
@@ -157,10 +158,10 @@ class JobHandle:
     async def progress(self) -> Progress:
         """The batch's progress (a query: with no lease held, a worker runs just for it)."""
         if self.lease is not None or self.relet is None:
-            return await self.handle.query(TasksetRun.progress)
+            return await batch_progress(self.handle)
         lease = await self.relet()
         try:
-            return await self.handle.query(TasksetRun.progress)
+            return await batch_progress(self.handle)
         finally:
             await lease.release()
 
@@ -204,6 +205,24 @@ def runs_from_result(result: TasksetRunResult, job_id: str, rows: list[Task] | N
     ]
     mark_dropped(runs, result.on_error)
     return runs
+
+
+def check_width(max_concurrent: int, *, streamed: bool) -> None:
+    """A batch wider than one workflow holds runs as parts (``workflows.fan_out``); a streamed
+    one cannot yet, and no batch goes past ``MAX_CONCURRENT``.
+
+    Raises:
+        ConfigError: naming the limit and its knob.
+    """
+    per_workflow = settings().children_per_workflow
+    if streamed and max_concurrent > per_workflow:
+        raise ConfigError(
+            f"max_concurrent={max_concurrent}: a streamed batch keeps at most {per_workflow} rollouts "
+            "in flight (one workflow's share of Temporal's 2,000 pending children: "
+            f"ROLLOUTS_CHILDREN_PER_WORKFLOW, up to {MAX_CHILDREN_PER_WORKFLOW})")
+    if max_concurrent > MAX_CONCURRENT:
+        raise ConfigError(f"max_concurrent={max_concurrent}: a batch keeps at most {MAX_CONCURRENT:,} "
+                          "rollouts in flight")
 
 
 def check_policy(retries: int, on_error: str) -> str:
@@ -255,6 +274,7 @@ async def start_job(taskset: Any, agent: Any, *, runtime: Any, group: int | None
                    rollout_timeout=rollout_timeout, agent_timeout=getattr(agent, "timeout_s", None))
     if not rows:
         raise ConfigError(f"taskset {taskset.name!r} has no rows")
+    check_width(max_concurrent, streamed=stream is not None)
     agent_spec = agent.spec()
     provider_spec = runtime.spec()
     client, embedded = await _client(temporal)
@@ -316,11 +336,12 @@ async def _start(taskset: Any, agent_spec: Any, provider_spec: Any, runtime: Any
     if (epochs > 1 or seed is not None or len(rows) > INLINE_ROWS
             or sum(len(r.model_dump_json()) for r in rows) > INLINE_ROWS_BYTES):
         rows_ref = await asyncio.to_thread(_put_pages, rows, epochs, seed)
+    per_workflow = settings().children_per_workflow
     inp = TasksetRunInput(
         job_id=job.id, job_name=name, batch_index=batch_index, taskset_name=taskset.name,
         taskset_class=taskset_class_path(taskset), rows=[] if rows_ref else rows,
         rows_ref=rows_ref, total_rows=len(rows) * epochs, group=group,
-        max_concurrent=min(max_concurrent, MAX_CONCURRENT), agent=agent_spec, provider=provider_spec,
+        max_concurrent=max_concurrent, children_per_workflow=per_workflow, agent=agent_spec, provider=provider_spec,
         rollout_timeout_s=rollout_timeout, max_attempts=max_attempts, task_queue=queue,
         search_attributes=attrs_ok, retries=retries, on_error=on_error,  # type: ignore[arg-type]
         local_steps=getattr(runtime, "locality", "global") in ("process", "host"),
@@ -380,8 +401,7 @@ async def job_progress(job_id: str, temporal: Any = None) -> list[Progress]:
         if embedded:  # queries need a worker: on the embedded server, ours on the batch's queue
             lease = await _ensure_worker(client, desc.task_queue)
         try:
-            progress.append(await client.get_workflow_handle_for(TasksetRun.run, desc.id)
-                            .query(TasksetRun.progress))
+            progress.append(await batch_progress(client.get_workflow_handle(desc.id)))
         finally:
             if lease is not None:
                 await lease.release()

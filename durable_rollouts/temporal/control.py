@@ -16,6 +16,7 @@ from temporalio.client import Client, WorkflowExecutionStatus
 from temporalio.service import RPCError
 
 from ..errors import ConfigError
+from ..ids import batch_of
 from .jobs import batch_descriptions, describe, status_name, workflow_ids
 
 __all__ = ["CancelOutcome", "JobSummary", "cancel_job", "list_jobs", "running_children", "wait_closed"]
@@ -75,8 +76,8 @@ async def list_jobs(
     jobs: dict[str, JobSummary] = {}
     latest: dict[str, tuple[str, datetime, str]] = {}  # workflow id -> (job id, start, state)
     async for wf in client.list_workflows(query, limit=max(limit * 20, 200)):
-        if wf.status == WorkflowExecutionStatus.CONTINUED_AS_NEW:
-            continue  # the chain's latest run is listed on its own
+        if wf.status == WorkflowExecutionStatus.CONTINUED_AS_NEW or batch_of(wf.id) != wf.id:
+            continue  # the chain's latest run is listed on its own; a part, with its batch
         job_id = _attr(wf, "RolloutsJobId") or _BATCH_SUFFIX.sub("", wf.id.removeprefix("job-"))
         if job_id not in jobs:
             if len(jobs) >= limit:

@@ -5,6 +5,7 @@ are referenced by name. Expands rows x group task-major, resolves each group onc
 workflow state, so replays and continue-as-new reuse it), keeps at most ``max_concurrent``
 children pending, counts compact results, answers the ``progress`` query, shows live details in
 the Web UI, and continues-as-new (after draining its children) before its history grows large.
+A batch wider than one workflow may hold runs as parts, child TasksetRuns (``fan_out``).
 
 A streamed batch (``Taskset.start``: ``TasksetRunInput.stream``) also keeps its finished groups
 for consumers (``stream``, handlers in ``stream_handlers``): it starts a new group only while
@@ -31,6 +32,7 @@ from temporalio.workflow import ParentClosePolicy
 with workflow.unsafe.imports_passed_through():
     from durable_rollouts.ids import child_id, group_id, rollout_id, workflow_id
     from durable_rollouts.models import RetryAttempt, RolloutResult, Task
+    from durable_rollouts.workflows.fan_out import FanOut, part_slices
     from durable_rollouts.workflows.rollout import Rollout
     from durable_rollouts.workflows.stream import StreamState
     from durable_rollouts.workflows.stream_handlers import StreamHandlers
@@ -61,12 +63,15 @@ KEY_TASK_SLUG = SearchAttributeKey.for_keyword("RolloutsTaskSlug")
 KEY_STATUS = SearchAttributeKey.for_keyword("RolloutsStatus")
 
 
+# At most this many children start in one workflow task (a task must finish within the 2 s
+# deadlock limit, also on a loaded box); then the run yields to a 1 ms timer.
+STARTS_PER_TASK = 100
 # A streamed run continues-as-new before it accepts this many updates (Temporal allows 2,000).
 MAX_UPDATES_PER_RUN = 1000
 
 
 @workflow.defn(name="TasksetRun")
-class TasksetRun(StreamHandlers):
+class TasksetRun(StreamHandlers, FanOut):
     """Run every row ``group`` times; return compact results (or claim checks for them)."""
 
     @workflow.init
@@ -90,8 +95,9 @@ class TasksetRun(StreamHandlers):
     @workflow.run
     async def run(self, inp: TasksetRunInput) -> TasksetRunResult:
         total = self._total(inp)
+        first = inp.next_index if inp.part is not None else 0  # a part counts its own slots
         progress = inp.progress or Progress(job_id=inp.job_id, batch_index=inp.batch_index,
-                                            total=0 if inp.open_ended else total)
+                                            total=0 if inp.open_ended else total - first)
         if inp.progress is not None:
             progress.runs += 1
         progress.running = 0
@@ -104,13 +110,25 @@ class TasksetRun(StreamHandlers):
 
         index = inp.next_index
         pending: list[asyncio.Task[RolloutResult]] = []
+        slices = part_slices(inp, index, total)  # wider than one workflow holds: run it as parts
         try:
+            if slices:
+                await self._run_parts(inp, slices, resolved, results, refs)
+                index = total
+                if len(results) > inp.flush_results_over:  # the parts' inline results: claim checks
+                    for start in range(0, len(results), FLUSH_CHUNK):
+                        refs.append(await self._flush(inp, results[start:start + FLUSH_CHUNK], len(refs)))
+                    results = []
             while self._more(index, total := self._until(inp, index, total)) or pending:
                 if self._failed_on is not None:  # on_error="fail": cancel the rest (teardown runs)
                     index = await self._fail_rest(inp, pending, index, total, results)
                     pending = []
                     break
+                starts = 0  # child starts in this workflow task: a bounded number (then yield)
                 while len(pending) < inp.max_concurrent and not self._too_long(inp):
+                    if starts >= STARTS_PER_TASK and workflow.patched("paced-child-starts"):
+                        await workflow.sleep(0.001)
+                        starts = 0
                     slot = self._next_slot(inp, index, total)
                     if slot is None or not self._may_start(inp, slot):
                         break  # nothing left to start, or the consumers are behind
@@ -131,6 +149,7 @@ class TasksetRun(StreamHandlers):
                     index = self._consume(slot, index)
                     progress.started += 1
                     progress.running += 1
+                    starts += 1
                 if inp.open_ended:  # its total: the rollouts started so far, and re-samples to come
                     progress.total = progress.started + (len(self._stream.slots) if self._stream else 0)
                 if self._failed_on is not None:
@@ -279,10 +298,16 @@ class TasksetRun(StreamHandlers):
             ack = asyncio.ensure_future(workflow.wait_condition(
                 lambda: self._stream is not None and self._stream.may_start_group()))
             waits.append(ack)
+        stop = None
+        if inp.part is not None and self._failed_on is None:  # a sibling part's stop_batch wakes us
+            stop = asyncio.ensure_future(workflow.wait_condition(lambda: self._failed_on is not None))
+            waits.append(stop)
         done, _ = await workflow.wait(waits, return_when=asyncio.FIRST_COMPLETED)
-        if ack is not None and not ack.done():
-            ack.cancel()
-        for fut in sorted((f for f in done if f is not ack), key=lambda f: f.result().rollout_id):
+        for cond in (ack, stop):
+            if cond is not None and not cond.done():
+                cond.cancel()
+        for fut in sorted((f for f in done if f is not ack and f is not stop),
+                          key=lambda f: f.result().rollout_id):
             result = fut.result()
             results.append(result)
             self._progress.running -= 1
@@ -300,7 +325,9 @@ class TasksetRun(StreamHandlers):
     @classmethod
     def _total(cls, inp: TasksetRunInput) -> int:
         """How many rollouts the batch's own slots are (re-sampled groups come on top)."""
-        return len(inp.only) if inp.only is not None else cls._row_count(inp) * inp.group
+        if inp.only is not None:
+            return len(inp.only)
+        return inp.stop_index if inp.stop_index is not None else cls._row_count(inp) * inp.group
 
     @staticmethod
     def _row_count(inp: TasksetRunInput) -> int:

@@ -71,8 +71,9 @@ __all__ = [
 DEFAULT_TASK_QUEUE = "rollouts"
 QUEUE_TIMEOUT_S = 30.0
 """How long a step waits on a substrate's own queue before its worker counts as gone."""
-MAX_CONCURRENT = 1500
-"""The most rollouts one batch keeps in flight (TasksetRun children)."""
+MAX_CONCURRENT = 100_000
+"""The most rollouts one batch keeps in flight: wider than ``children_per_workflow``, the batch
+runs as parts (``workflows.fan_out``), each a child TasksetRun under Temporal's per-workflow limits."""
 
 # Activity names (the activities register under exactly these).
 ACT_RESOLVE = "rollouts.resolve_group"
@@ -136,6 +137,8 @@ class Progress(_Model):
     total: int = 0
     started: int = 0
     running: int = 0
+    # A batch run as parts: the parts still running (their own ``progress`` adds to this one's).
+    parts: list[str] = Field(default_factory=list)
     succeeded: int = 0
     failed: int = 0
     errored: int = 0
@@ -185,6 +188,11 @@ class TasksetRunInput(_Model):
     provider: ProviderSpec
     rollout_timeout_s: float | None = None
     max_attempts: int = Field(default=3, ge=1)
+    # Wider than this (``max_concurrent`` and the rollouts left), the batch runs as parts: child
+    # TasksetRuns over disjoint slices (``workflows.fan_out``); None in histories from before.
+    children_per_workflow: int | None = Field(default=None, ge=1)
+    part: int | None = None  # this run is part ``part`` of its batch (its parent is the batch)
+    stop_index: int | None = None  # a part's slots end here (the batch's total when None)
     # Batch policy: fresh re-runs of an errored/timed-out rollout, then what an error left means.
     retries: int = Field(default=0, ge=0, le=20)
     on_error: OnError = "keep"

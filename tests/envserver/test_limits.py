@@ -19,7 +19,7 @@ from durable_rollouts.envserver import EnvServer, serving
 from durable_rollouts.envserver.server import DEFAULT_MAX_CONNECTIONS, DEFAULT_MAX_TASKS
 from durable_rollouts.errors import ConfigError, ProtocolError, ServerBusyError
 from durable_rollouts.protocol import ErrorCode, error_from_frame
-from durable_rollouts.workflows.types import MAX_CONCURRENT
+from durable_rollouts.settings import MAX_CHILDREN_PER_WORKFLOW as WIDTH
 
 BUSY = -32002
 
@@ -161,12 +161,13 @@ async def test_restarting_cancelling_or_leaving_frees_the_slot_without_needing_a
 
 
 async def test_the_defaults_never_throttle_a_full_batch_on_a_shared_server() -> None:
-    """The limits guard against runaway clients: one batch keeps at most MAX_CONCURRENT rollouts
-    in flight, each with up to two connections, so a shared server never refuses them."""
-    assert DEFAULT_MAX_TASKS > MAX_CONCURRENT and DEFAULT_MAX_CONNECTIONS >= 2 * MAX_CONCURRENT
+    """The limits guard against runaway clients: one batch workflow (a wider batch runs as parts
+    of at most ROLLOUTS_CHILDREN_PER_WORKFLOW <= WIDTH) keeps at most WIDTH rollouts in flight,
+    each with up to two connections, so a shared server never refuses them."""
+    assert DEFAULT_MAX_TASKS > WIDTH and DEFAULT_MAX_CONNECTIONS >= 2 * WIDTH
     async with serving(make_env()) as server:
         assert (server.max_connections, server.max_tasks) == (DEFAULT_MAX_CONNECTIONS, DEFAULT_MAX_TASKS)
-        assert server.sessions.max_idle_parked > MAX_CONCURRENT
+        assert server.sessions.max_idle_parked > WIDTH
         conns = [await _served(server.port) for _ in range(300)]
         for conn in conns:
             await conn.result("tasks.start", _start("apple"))

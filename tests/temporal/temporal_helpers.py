@@ -30,17 +30,23 @@ ENV_FILE = str(HERE / "counting_env.py")
 
 
 class CountingAgent(Agent):
-    """Appends a line to ``log`` each time it starts, sleeps ``seconds``, answers ``answer``."""
+    """Appends a line to ``log`` each time it starts, sleeps ``seconds`` (not once ``fast_file``
+    exists), answers ``answer`` (raises for the row tagged ``raise_for``)."""
 
     answer: str = "x"
     seconds: float = 0.0
     log: str = ""
+    fast_file: str = ""
+    raise_for: str = ""  # the row whose args' tag is this raises (the rollout errors)
 
     async def __call__(self, run: Run) -> None:
         if self.log:
             with open(self.log, "a") as fh:
                 fh.write(f"{os.getpid()} {run.rollout_id}\n")
-        await asyncio.sleep(self.seconds)
+        if self.raise_for and run.task is not None and run.task.args.get("tag") == self.raise_for:
+            raise RuntimeError(f"agent gives up on {self.raise_for}")
+        if not (self.fast_file and os.path.exists(self.fast_file)):
+            await asyncio.sleep(self.seconds)
         run.trace.content = self.answer
 
 
@@ -173,8 +179,9 @@ class WorkerProcess:
 class DevServer:
     """A ``temporal server start-dev`` child process on a sqlite file (restartable)."""
 
-    def __init__(self, db_file: Path) -> None:
+    def __init__(self, db_file: Path, extra_args: tuple[str, ...] = ()) -> None:
         self.db_file = db_file
+        self.extra_args = list(extra_args)  # e.g. ("--dynamic-config-value", "KEY=VALUE")
         self.port = _free_port()
         self.proc: subprocess.Popen[bytes] | None = None
 
@@ -184,8 +191,8 @@ class DevServer:
 
     def start(self) -> None:
         log = open(self.db_file.with_suffix(".log"), "ab")
-        self.proc = subprocess.Popen(dev_server_args(self.port, None, self.db_file), stdout=log,
-                                     stderr=subprocess.STDOUT, start_new_session=True)
+        self.proc = subprocess.Popen([*dev_server_args(self.port, None, self.db_file), *self.extra_args],
+                                     stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         log.close()
         wait_for(lambda: _listening(self.port), timeout=30, what="dev server")
         # listening is not ready: wait until the frontend answers a real client (own loop/thread)
