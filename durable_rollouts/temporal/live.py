@@ -25,8 +25,9 @@ from temporalio.client import (
     WorkflowHandle,
     WorkflowUpdateFailedError,
 )
-from temporalio.service import RPCError
+from temporalio.service import RPCError, RPCStatusCode
 
+from ..backoff import retry
 from ..errors import ConfigError, DurableRolloutsError
 from ..sdk.job import Job
 from ..sdk.run import Run
@@ -89,6 +90,14 @@ class StreamBatch:
         return await self.reader.ack(self.start, self.end)
 
 
+_BUSY = {RPCStatusCode.RESOURCE_EXHAUSTED, RPCStatusCode.UNAVAILABLE, RPCStatusCode.DEADLINE_EXCEEDED}
+
+
+def _busy(exc: Exception) -> bool:
+    """A query the server or the worker could not take now, not a wrong one."""
+    return isinstance(exc, RPCError) and exc.status in _BUSY
+
+
 class UpdateTimeoutError(DurableRolloutsError, TimeoutError):
     """The running batch did not take an acknowledgement or policy within ``UPDATE_PATIENCE_S``."""
 
@@ -138,9 +147,13 @@ class LiveJob(Job):
         return desc.status == WorkflowExecutionStatus.RUNNING
 
     async def view(self, consumer: str, start: int, limit: int) -> StreamView:
-        """What ``consumer`` can read from ``start`` (a query)."""
-        return await self._workflow.query(TasksetRun.stream_view,
-                                          StreamRequest(consumer=consumer, start=start, limit=limit))
+        """What ``consumer`` can read from ``start`` (a query). A busy batch (the server's
+        consistent-query buffer full, the worker slow to answer) is asked again, with backoff, for
+        up to ``UPDATE_PATIENCE_S``: a trainer reading a long, busy job must not die of it."""
+        request = StreamRequest(consumer=consumer, start=start, limit=limit)
+        return await retry(lambda: self._workflow.query(TasksetRun.stream_view, request),
+                           attempts=1 + int(UPDATE_PATIENCE_S / 2), first_delay_s=0.2,
+                           max_delay_s=2.0, transient=_busy)
 
     async def stream(self, consumer: str = "trainer", batch_size: int = 1, *,
                      poll_s: float = POLL_S) -> AsyncIterator[StreamBatch]:
