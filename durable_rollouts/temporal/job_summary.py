@@ -22,6 +22,7 @@ from ..errors import ConfigError
 from ..models import RolloutResult
 from ..workflows import Progress, TasksetRun, TasksetRunInput, TasksetRunResult
 from .jobs import batch_descriptions, read_input, status_name, workflow_ids
+from .parts import batch_progress
 
 __all__ = ["BatchSummary", "JobSummary", "summarize_job"]
 
@@ -98,8 +99,8 @@ async def _summary(client: Client, index: int, desc: Any, keep: int) -> BatchSum
         latest_inline, refs = list(res.results), list(res.result_refs)
     elif desc.status == WorkflowExecutionStatus.RUNNING:
         with contextlib.suppress(Exception):  # no worker answering: the carried counters
-            progress = await asyncio.wait_for(
-                handle.query(TasksetRun.progress, rpc_timeout=timedelta(seconds=QUERY_TIMEOUT_S)),
+            progress = await asyncio.wait_for(  # a batch run as parts: their counters added
+                batch_progress(handle, rpc_timeout=timedelta(seconds=QUERY_TIMEOUT_S)),
                 QUERY_TIMEOUT_S + 1)
             source = "query"
     latest = await asyncio.to_thread(_latest, latest_inline, refs, keep)
