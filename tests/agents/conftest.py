@@ -24,6 +24,15 @@ os.environ.setdefault("ROLLOUTS_LOG_LEVEL", "WARNING")
 from temporal_fixtures import client, dev_server, task_queue  # noqa: E402,F401  (shared fixtures)
 
 
+@pytest.fixture(autouse=True)
+def short_agent_heartbeat(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A killed worker's agent step runs again within 5 s here, not the default 20 s: these tests
+    count turns and requests around a crash, not how soon it is noticed (that default is
+    ``test_survival.test_a_dead_workers_agent_step_runs_again_within_30_s``). A test may set
+    its own value."""
+    monkeypatch.setenv("ROLLOUTS_AGENT_HEARTBEAT", "5")
+
+
 @pytest.fixture
 def start_worker(dev_server: DevServer, task_queue: str) -> Iterator[object]:
     """``start_worker(**env)`` starts a worker process (this dir on its path); all stopped after."""

@@ -75,6 +75,10 @@ KILL_POINTS = {
 CELLS = [*KILL_POINTS, "sigstop_worker", "kill_env_mid_agent", "kill_mid_turn",
          "kill_verifier_substrate", "restart_server", "cut_channel", "disk_full"]
 TURNS = 4  # of the kill_mid_turn agent
+# ROLLOUTS_AGENT_HEARTBEAT of the tests' matrices: a killed or stopped worker's agent step runs
+# again after 5 s, not the default 20 s (tests/temporal/test_survival.py measures that one); a
+# cell counts what is lost or done twice, which does not depend on it.
+HEARTBEAT = "5"
 VERIFIED = {"kill@verify", "kill_verifier_substrate"}
 
 

@@ -14,7 +14,7 @@ import os
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-from chaos_cells import CELLS, Outcome, run_matrix
+from chaos_cells import CELLS, HEARTBEAT, Outcome, run_matrix
 
 from durable_rollouts.temporal.connection import connect_client
 
@@ -35,8 +35,9 @@ def matrix(dev_server, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Ou
         return await run_matrix([(c, 0) for c in cells], client, dev_server.address, work,
                                 lanes=LANES, rows=2, timeout=150)
 
-    with ThreadPoolExecutor(1) as pool:  # its own loop: the cells outlive no test's loop
-        outcomes = pool.submit(asyncio.run, go()).result()
+    with pytest.MonkeyPatch.context() as env, ThreadPoolExecutor(1) as pool:
+        env.setenv("ROLLOUTS_AGENT_HEARTBEAT", HEARTBEAT)  # read as each cell's batch starts
+        outcomes = pool.submit(asyncio.run, go()).result()  # its own loop: cells outlive no test's
     return {o.cell: o for o in outcomes}
 
 

@@ -96,10 +96,11 @@ async def test_twenty_rollouts_run_through_taskset_run_on_docker(docker_client, 
 
 
 async def test_a_sigkilled_worker_mid_rollout_reuses_the_container_after_the_retry(
-    docker_client, test_image, client, temporal_address, tmp_path
+    docker_client, test_image, client, temporal_address, tmp_path, monkeypatch
 ):
     """SIGKILL the worker while the agent runs: the agent step retries on a second worker, which
     reconnects to the same container (one creation event for the rollout key), and succeeds."""
+    monkeypatch.setenv("ROLLOUTS_AGENT_HEARTBEAT", "5")  # the dead worker's agent step: noticed soon
     queue = f"docker-kill-{uuid.uuid4().hex[:8]}"
     marker = tmp_path / "agents.log"
     first = Worker(temporal_address, queue)

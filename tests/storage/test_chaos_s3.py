@@ -14,7 +14,7 @@ import os
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-from chaos_cells import Outcome, run_matrix
+from chaos_cells import HEARTBEAT, Outcome, run_matrix
 
 CELLS = ["kill@agent", "kill@grade", "kill@verify", "kill_verifier_substrate"]
 
@@ -25,7 +25,8 @@ pytestmark = pytest.mark.timeout(600)
 def s3_matrix(dev_server, s3_server, tmp_path_factory: pytest.TempPathFactory):
     bucket = s3_server.new_bucket()
     saved = dict(os.environ)
-    os.environ.update(s3_server.aws_env(), ROLLOUTS_STORAGE=f"s3://{bucket}/chaos")
+    os.environ.update(s3_server.aws_env(), ROLLOUTS_STORAGE=f"s3://{bucket}/chaos",
+                      ROLLOUTS_AGENT_HEARTBEAT=HEARTBEAT)
     work = tmp_path_factory.mktemp("chaos-s3")
 
     async def go() -> list[Outcome]:

@@ -69,6 +69,7 @@ async def test_a_substrate_queue_nobody_polls_still_reprovisions(
     liveness queue go unpolled, the probe is not picked up, and the rollout reprovisions on the
     live worker (attempt 2), graded once."""
     monkeypatch.setenv("ROLLOUTS_QUEUE_TIMEOUT", "2")
+    monkeypatch.setenv("ROLLOUTS_AGENT_HEARTBEAT", "5")  # the dead worker's agent step: noticed soon
     agents = evidence / "agents.log"
     first = WorkerProcess(dev_server.address, task_queue, args=PINNED)
     workers.append(first)

@@ -30,6 +30,14 @@ from durable_rollouts.temporal.batches import start_job
 from durable_rollouts.temporal.connection import connect_client
 
 
+@pytest.fixture
+def short_heartbeat(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The agent step's heartbeat timeout 5 s instead of the default 20 s, for the tests that
+    count what runs again after a crash rather than how soon it does (that default has its own
+    test below): a dead worker's agent step is noticed 15 s sooner."""
+    monkeypatch.setenv("ROLLOUTS_AGENT_HEARTBEAT", "5")
+
+
 def echo(expected: str, evidence: Path, **extra: object) -> Task:
     return Task(env="counting", id="echo", source=ENV_FILE, args={
         "expected": expected, "grade_log": str(evidence / "grades.log"),
@@ -37,7 +45,7 @@ def echo(expected: str, evidence: Path, **extra: object) -> Task:
 
 
 async def test_worker_killed_mid_agent_another_worker_finishes_once(client, task_queue, start_worker,
-                                                                     evidence: Path) -> None:
+                                                                     evidence: Path, short_heartbeat) -> None:
     """SIGKILL the worker while the agent runs: a second worker retries the agent on the parked
     session, the reward is right, and the env graded exactly once."""
     agents = evidence / "agents.log"
@@ -127,7 +135,7 @@ async def test_worker_killed_after_an_in_process_grade_reruns_on_a_fresh_substra
 
 
 async def test_worker_killed_mid_agent_holding_an_in_process_substrate_reprovisions_elsewhere(
-        client, task_queue, start_worker, evidence: Path, monkeypatch) -> None:
+        client, task_queue, start_worker, evidence: Path, monkeypatch, short_heartbeat) -> None:
     """SIGKILL the worker holding an in-process substrate right after the agent's first
     checkpoint (a turn whose side effect is logged): the agent step's retry waits on the dead
     worker's queue, which nobody polls, so the substrate counts as gone and attempt 2 runs from

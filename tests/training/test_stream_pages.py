@@ -219,6 +219,7 @@ async def test_paged_stream_survives_trainer_and_worker_kills_each_group_applied
     from temporal_helpers import WorkerProcess
 
     monkeypatch.setenv("ROLLOUTS_QUEUE_TIMEOUT", "3")  # a killed worker's substrates: gone soon
+    monkeypatch.setenv("ROLLOUTS_AGENT_HEARTBEAT", "5")  # and its agent steps noticed soon
     groups = 60
     workers = [WorkerProcess(dev_server.address, task_queue)]
     killed: list[int] = []
