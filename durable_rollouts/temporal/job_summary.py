@@ -21,7 +21,7 @@ from temporalio.client import Client, WorkflowExecutionStatus
 from ..errors import ConfigError
 from ..models import RolloutResult
 from ..workflows import Progress, TasksetRun, TasksetRunInput, TasksetRunResult
-from .jobs import batch_descriptions, read_input, status_name, workflow_ids
+from .jobs import batch_descriptions, job_status, read_input, status_name, workflow_ids
 from .parts import batch_progress
 
 __all__ = ["BatchSummary", "JobSummary", "summarize_job"]
@@ -68,11 +68,7 @@ class JobSummary:
 
     @property
     def status(self) -> str:
-        states = {b.status for b in self.batches}
-        for state in ("running", "cancelled", "terminated", "failed", "timed_out"):
-            if state in states:
-                return state
-        return "completed"
+        return job_status(b.status for b in self.batches)
 
 
 def _latest(inline: list[RolloutResult], refs: list[Any], keep: int) -> list[RolloutResult]:

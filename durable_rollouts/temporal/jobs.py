@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -36,14 +37,15 @@ KEY_STATUS = SearchAttributeKey.for_keyword("RolloutsStatus")
 __all__ = [
     "BatchView",
     "JobView",
+    "batch_descriptions",
     "batch_rows",
     "child_task",
     "connect",
     "dedupe_latest",
     "describe",
+    "job_status",
     "load_job",
     "load_results",
-    "batch_descriptions",
     "read_input",
     "run_from_result",
     "status_name",
@@ -122,6 +124,14 @@ async def read_input(client: Client, wf_id: str, run_id: str | None, model: type
     raise ConfigError(f"workflow {wf_id} has no history")
 
 
+def job_status(batch_states: Iterable[str]) -> str:
+    """A job's status from its batches': the first of running, cancelled, terminated, failed,
+    timed_out that any batch has, else completed."""
+    states = set(batch_states)
+    return next((s for s in ("running", "cancelled", "terminated", "failed", "timed_out")
+                 if s in states), "completed")
+
+
 @dataclass
 class BatchView:
     """One TasksetRun batch as it stands now."""
@@ -162,11 +172,7 @@ class JobView:
 
     @property
     def status(self) -> str:
-        states = {b.status for b in self.batches}
-        for state in ("running", "cancelled", "terminated", "failed", "timed_out"):
-            if state in states:
-                return state
-        return "completed"
+        return job_status(b.status for b in self.batches)
 
     def job(self) -> Job:
         first = self.batches[0].input
