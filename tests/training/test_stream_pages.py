@@ -127,6 +127,10 @@ async def test_a_long_stream_keeps_bounded_state_and_a_late_consumer_reads_the_p
     try:
         await async_wait_for(lambda: sum(len(b["groups"]) for b in _applied(trainer_log)) >= GROUPS * 3 // 5,
                              timeout=180, what="the trainer to apply most groups")
+        # The poll can lag the trainer on a loaded box (a query fails across continue-as-new and
+        # is asked again): start the late consumer once the state shows most groups paged.
+        await async_wait_for(lambda: bool(kept) and kept[-1].base >= GROUPS // 2, timeout=120,
+                             what="most groups to be paged")
         paged_when_late, late_at = kept[-1].base, len(kept)
         late = _consumer(dev_server.address, job.id, "late", late_log, "--batch-size", "3")
         loop = asyncio.get_running_loop()
@@ -269,6 +273,8 @@ async def test_paged_stream_survives_trainer_and_worker_kills_each_group_applied
         trainer = consumer("trainer", log, acks, "--batch-size", "2")
         await async_wait_for(lambda: len(read_lines(acks)) * 2 >= groups * 3 // 5, timeout=240,
                              what="the trainer to apply most groups")
+        await async_wait_for(lambda: bool(kept) and kept[-1].base >= groups // 3, timeout=120,
+                             what="a third of the groups to be paged")
         paged_when_late, late_at = kept[-1].base, len(kept)
         late = consumer("late", late_log, late_acks, "--batch-size", "3")
         for proc in (trainer, late):
