@@ -2,9 +2,10 @@
 
 Each ``--n`` runs N one-row rollouts (``LocalRuntime``, the letters env) of an agent that sleeps
 ``--wait`` seconds, at concurrency N, through ``Taskset.run``'s path (embedded dev server +
-in-process worker, sized to the width). A width above ``--batch`` (500; a batch holds at most
-``MAX_CONCURRENT`` = 1,500 in flight) runs as several batches started together on the same
-worker. Prints, per N:
+in-process worker, sized to the width), as one batch (``max_concurrent=N``; wider than
+``ROLLOUTS_CHILDREN_PER_WORKFLOW`` it runs as parts, at most 100 child starts per workflow task).
+``--batch K`` instead splits a width into batches of K started together on the same worker (the
+only way before parts). Prints, per N:
 
 - wall time (first start to last result) against the ideal W, and the ratio;
 - the worker's RSS per in-flight rollout (RSS with every agent waiting, less RSS before);
@@ -94,7 +95,7 @@ async def one(n: int, wait: float, window: float, server: psutil.Process, tuner:
     base_worker, base_server = (_cpu(me) - b0) / BASELINE_S, (_cpu(server) - bs0) / BASELINE_S
     cpu0, server0 = _cpu(me), _cpu(server)
     WaitAgent.started = 0
-    batches = math.ceil(n / min(batch, MAX_CONCURRENT))
+    batches = math.ceil(n / min(batch or n, MAX_CONCURRENT))
     if batches > 1 and tuner == "fixed":  # in a session: size the one in-process worker for all
         client, _ = await _client(None)
         await (await _ensure_worker(client, settings().task_queue, n)).release()
@@ -178,10 +179,10 @@ if __name__ == "__main__":
     parser.add_argument("--settle", type=float, default=10.0,
                         help="seconds after the ramp before idle sampling (the server's lagging "
                              "visibility and transfer work); cut short to leave 5 s of window")
-    parser.add_argument("--batch", type=int, default=500,
-                        help="rollouts per batch (at most 1,500): wider runs start several batches "
-                             "at once; a batch's first workflow task starts all its children, and "
-                             "1,000 took over temporalio's 2 s deadlock limit on a loaded 2-core box")
+    parser.add_argument("--batch", type=int, default=0,
+                        help="rollouts per batch: 0 (the default) runs each width as one batch "
+                             "(parts past ROLLOUTS_CHILDREN_PER_WORKFLOW); K > 0 starts several "
+                             "batches of K at once on the same worker")
     parser.add_argument("--tuner", choices=["fixed", "resource"], default="fixed",
                         help="fixed: Taskset.run's in-process worker, slots sized from the width; "
                              "resource: a worker with temporalio's resource-based tuner")
