@@ -245,7 +245,10 @@ class FakeModal(types.ModuleType):
         )
         self.sandboxes[object_id] = sb
         if self.shared:
-            (self.workdir / f"{object_id}.json").write_text(json.dumps(sb.record()))
+            # Atomically (write, then rename): another process's _on_disk never reads half a record.
+            tmp = self.workdir / f".{object_id}.json.tmp"
+            tmp.write_text(json.dumps(sb.record()))
+            os.replace(tmp, self.workdir / f"{object_id}.json")
         self.event("made", sb)
         with suppress(FileNotFoundError):  # claimed by exactly one create, of any process
             (self.workdir / "hold-create").rename(self.workdir / "create-held")
