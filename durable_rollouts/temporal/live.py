@@ -46,12 +46,28 @@ from ..workflows.stream import (
 )
 from .batches import JobHandle, _client, _ensure_worker, start_job
 from .jobs import run_from_result
-from .stream_reader import JobClosedError, StreamReader
+from .stream_reader import Chunk, JobClosedError, StreamReader
 
 __all__ = ["JobClosedError", "LiveJob", "StreamBatch", "UpdateTimeoutError", "attach", "start_live"]
 
 POLL_S = 0.5  # how often a waiting stream asks the batch for new groups
+# A stream reads up to this many groups per query when its batch size is smaller, and hands them
+# out a batch at a time: a consumer behind the batch then pays one query per 16 groups instead of
+# one per batch (each ack is still its own update). Bounded so a reply of groups of 16 long
+# answers stays far below gRPC's 4 MiB message limit.
+READ_AHEAD_GROUPS = 16
 UPDATE_PATIENCE_S = 120.0  # how long an update the running batch cannot take yet is sent again
+
+
+def carve(chunk: Chunk, full: int) -> list[tuple[int, int]]:
+    """``[start, end)`` of each batch of ``full`` groups in ``chunk``, in order; the last one may
+    be short only where the stream ends (the job is done and ``chunk`` reaches its last group)."""
+    end = chunk.start + len(chunk.groups)
+    cuts = list(range(chunk.start, end, full))
+    spans = [(a, min(a + full, end)) for a in cuts]
+    if spans and spans[-1][1] - spans[-1][0] < full and not (chunk.done and end >= chunk.delivered):
+        spans.pop()  # a short batch only at the end of the stream: read it again once full
+    return spans
 
 
 @dataclass
@@ -174,25 +190,25 @@ class LiveJob(Job):
         reader = StreamReader(self, consumer)
         start = await reader.register()
         while True:
-            try:
-                chunk = await reader.read(start, batch_size)
+            try:  # read ahead: a consumer behind the batch gets several batches per query
+                chunk = await reader.read(start, max(batch_size, READ_AHEAD_GROUPS))
             except RPCError:
                 if await self._running():
                     raise
                 await reader._close()  # closed between two reads: the rest is in storage
                 continue
-            full = min(batch_size, chunk.max_in_flight or batch_size)
-            if chunk.groups and (len(chunk.groups) >= full or chunk.done):
-                batch = StreamBatch(self, consumer, chunk.start, chunk.start + len(chunk.groups),
-                                    chunk.groups, reader=reader)
-                batch.groups = [await self._runs(g) for g in chunk.groups]
-                start = batch.end
+            batches = carve(chunk, min(batch_size, chunk.max_in_flight or batch_size))
+            for begin, end in batches:
+                records = chunk.groups[begin - chunk.start:end - chunk.start]
+                batch = StreamBatch(self, consumer, begin, end, records, reader=reader)
+                batch.groups = [await self._runs(g) for g in records]
+                start = end
                 yield batch
                 if chunk.done and start >= chunk.delivered:
                     return  # the last group: the batch may close once it is acknowledged
-            elif chunk.done:
-                return
-            else:
+            if not batches:
+                if chunk.done and not chunk.groups:
+                    return
                 await asyncio.sleep(poll_s)
 
     async def _runs(self, group: FinishedGroup) -> list[Run]:

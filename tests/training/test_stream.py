@@ -34,6 +34,8 @@ from durable_rollouts.models import Task
 from durable_rollouts.runtimes import LocalRuntime
 from durable_rollouts.sdk.job import Job
 from durable_rollouts.sdk.taskset import Taskset
+from durable_rollouts.temporal.live import READ_AHEAD_GROUPS, LiveJob, carve
+from durable_rollouts.temporal.stream_reader import Chunk
 from durable_rollouts.worker import build_worker
 from durable_rollouts.workflows import workflow_id
 from durable_rollouts.workflows.stream import AckRequest
@@ -285,3 +287,48 @@ async def test_an_update_is_sent_again_until_a_failed_workflow_task_recovers(
         await job.wait()
     history = await client.get_workflow_handle(workflow_id(job.id)).fetch_history()
     assert any("injected" in message for message in _workflow_task_failures(history))
+
+
+def test_read_ahead_carves_full_batches_and_a_short_one_only_at_the_end() -> None:
+    groups = [object()] * 10  # carve looks at how many, not at what
+    live = Chunk(start=4, groups=groups[:7], done=False, delivered=11)
+    assert carve(live, 3) == [(4, 7), (7, 10)]  # the 11th group waits for its batch to fill
+    assert carve(Chunk(start=4, groups=groups[:7], done=True, delivered=11), 3) == [(4, 7), (7, 10), (10, 11)]
+    # done, but this read stopped short of the end (read-ahead limit): no short batch yet
+    assert carve(Chunk(start=0, groups=groups[:5], done=True, delivered=9), 2) == [(0, 2), (2, 4)]
+    assert carve(Chunk(start=0, groups=groups[:2], done=False, delivered=2), 3) == []
+    assert carve(Chunk(start=0, groups=[], done=True, delivered=0), 3) == []
+
+
+async def test_a_consumer_behind_the_batch_reads_ahead_one_query_per_many_batches(
+        client, task_queue, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    rows = 40
+    job = await _rows(tmp_path, rows).start(CountingAgent(answer="x"), runtime=LocalRuntime(ENV_FILE),
+                                            temporal=client, worker=True, task_queue=task_queue,
+                                            consumers=["trainer"])
+    handle = client.get_workflow_handle(workflow_id(job.id))
+
+    async def delivered() -> int:
+        kept = await handle.query("stream_kept")
+        return kept["base"] + kept["kept_groups"]
+
+    for _ in range(600):  # every group finished before the trainer reads: it is 40 behind
+        if await delivered() == rows:
+            break
+        await asyncio.sleep(0.1)
+    views = 0
+    real_view = LiveJob.view
+
+    async def counted(self, consumer: str, start: int, limit: int):  # type: ignore[no-untyped-def]
+        nonlocal views
+        views += 1
+        return await real_view(self, consumer, start, limit)
+
+    monkeypatch.setattr(LiveJob, "view", counted)
+    batches = [b async for b in _acked(job.stream(consumer="trainer", batch_size=1))]
+    assert [b.id for b in batches] == [f"trainer:{i}-{i + 1}" for i in range(rows)]
+    assert len({r.group_id for b in batches for r in b.records}) == rows
+    # one query per READ_AHEAD_GROUPS groups (and one that finds the end), not one per batch
+    assert views <= -(-rows // READ_AHEAD_GROUPS) + 1, views
+    done = await asyncio.wait_for(job.wait(), 60)
+    assert len(done.runs) == rows and len(read_lines(tmp_path / "grades.log")) == rows
