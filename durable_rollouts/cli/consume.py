@@ -33,7 +33,7 @@ from ..workflows.stream import FinishedGroup, check_consumer
 from .service import stop_event
 
 __all__ = ["INTERRUPTED", "FileSink", "StdoutSink", "StreamArgs", "close_stream", "group_line",
-           "stream_job"]
+           "stream_job", "unregister_consumer"]
 
 INTERRUPTED = 130  # exit code after SIGINT/SIGTERM
 
@@ -194,6 +194,22 @@ async def close_stream(args: StreamArgs, out: Console) -> int:
         return 0
     out.print(f"job {job.id}: stream closed; the job finishes once its rollouts are done",
               highlight=False)
+    return 0
+
+
+async def unregister_consumer(args: StreamArgs, out: Console) -> int:
+    """``--unregister``: the job stops holding groups for ``--consumer`` (its cursor is kept)."""
+    if args.consumer is None:
+        raise ConfigError("--unregister needs --consumer NAME: the consumer to stop holding groups for")
+    try:
+        check_consumer(args.consumer)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    job = await _attach(args, for_reading=False)
+    cursor = await job.unregister(args.consumer)
+    out.print(f"job {job.id}: consumer {args.consumer} unregistered, its cursor at group {cursor}; "
+              f"the job holds no groups for it (streaming as {args.consumer} again resumes there)",
+              highlight=False, soft_wrap=True)
     return 0
 
 

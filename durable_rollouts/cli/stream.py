@@ -9,7 +9,7 @@ from typing import Annotated
 
 import typer
 
-from durable_rollouts.cli.common import ConnectTimeoutOption, TemporalOption, drive
+from durable_rollouts.cli.common import ConnectTimeoutOption, TemporalOption, drive, fail
 
 __all__ = ["app"]
 
@@ -23,7 +23,9 @@ Each line: job_id, batch, seq, group_id, row, slug, size (the members kept: norm
 
 --close lets the job finish once its rollouts are done, even if consumers have not caught up (a job stays open for its consumers up to its linger time).
 
-Exit code: 0 the stream ended (or --close was recorded), 1 Temporal failed or the output broke, 2 bad input: an unknown job, a job that does not stream, a bad consumer name.
+--unregister with --consumer NAME stops the job holding groups for NAME (a consumer that crashed or is done for now): the groups the other consumers acknowledged then leave the job's state for its stream's pages. NAME's cursor is kept: streaming as NAME again resumes from it.
+
+Exit code: 0 the stream ended (or --close or --unregister was recorded), 1 Temporal failed or the output broke, 2 bad input: an unknown job, a job that does not stream, a bad consumer name.
 """
 
 _EPILOG = """Examples:
@@ -33,6 +35,8 @@ _EPILOG = """Examples:
   rollouts stream 3f2a9c... --consumer eval --batch-size 8 -o groups.jsonl
 
   rollouts stream 3f2a9c... --close
+
+  rollouts stream 3f2a9c... --consumer eval --unregister
 """
 
 
@@ -55,6 +59,9 @@ def stream(
     close: Annotated[
         bool, typer.Option("--close", help="let the job finish without waiting for its consumers")
     ] = False,
+    unregister: Annotated[
+        bool, typer.Option("--unregister", help="stop holding groups for --consumer (its cursor is kept)")
+    ] = False,
     temporal: TemporalOption = None,
     worker: Annotated[
         bool | None,
@@ -66,12 +73,16 @@ def stream(
     ] = None,
     connect_timeout: ConnectTimeoutOption = 5.0,
 ) -> None:
-    from durable_rollouts.cli.consume import StreamArgs, close_stream, stream_job
+    from durable_rollouts.cli.consume import StreamArgs, close_stream, stream_job, unregister_consumer
 
     args = StreamArgs(job=job, consumer=consumer, batch_size=batch_size, output=output,
                       traces=traces, temporal=temporal, worker=worker,
                       connect_timeout=connect_timeout)
+    if close and unregister:
+        fail("--close and --unregister do different things: give one of them")
     if close:
         drive(lambda out, err: close_stream(args, out))
+    elif unregister:
+        drive(lambda out, err: unregister_consumer(args, out))
     else:
         drive(lambda out, err: stream_job(args, err))

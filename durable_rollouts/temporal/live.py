@@ -222,6 +222,25 @@ class LiveJob(Job):
             raise ConfigError(f"policy version {version!r}: use a whole number >= 0")
         return int(await self._update("set_policy", PolicyRef(version=version, endpoint=endpoint)))
 
+    async def unregister(self, consumer: str) -> int:
+        """Stop holding groups for ``consumer``, a registered consumer that will not come back
+        soon (a crashed eval, say): groups the others acknowledged then leave the batch's state.
+        Its cursor is kept: a ``stream()`` under that name later resumes from it, reading what it
+        missed from the stream's pages. Returns the cursor. On a closed job nothing is held, and
+        this only returns the stored cursor.
+
+        Raises:
+            ConfigError: a bad name, or one not registered with this job.
+        """
+        try:
+            check_consumer(consumer)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+        try:
+            return int(await self._update("stream_unregister", consumer))
+        except JobClosedError:
+            return await StreamReader(self, consumer)._close()
+
     async def close(self) -> None:
         """Let the batch finish once its rollouts are done, even if consumers lag."""
         await self._update("stream_close", None)

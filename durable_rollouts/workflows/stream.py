@@ -134,6 +134,9 @@ class StreamState(StrictModel):
     pages: int = 0  # pages written (page n holds groups [n * page_size, (n + 1) * page_size))
     sealed: bool = False  # the batch is closing: it takes no more acks (storage does)
     cursors: dict[str, int] = Field(default_factory=dict)
+    # Consumers that unregistered, with their cursors: they hold nothing back, and one that
+    # registers again resumes where it stopped (the groups behind it are in pages).
+    retired: dict[str, int] = Field(default_factory=dict)
     pending: dict[str, _Pending] = Field(default_factory=dict)  # group id -> running group
     started_groups: int = 0
     # Rollouts of re-sampled groups still to start: (row, group index, resample number).
@@ -238,7 +241,25 @@ class StreamState(StrictModel):
 
     def register(self, consumer: str) -> int:
         check_consumer(consumer)
-        return self.cursors.setdefault(consumer, 0)
+        if consumer not in self.cursors:
+            self.cursors[consumer] = self.retired.pop(consumer, 0)
+        return self.cursors[consumer]
+
+    def check_unregister(self, consumer: str) -> None:
+        """ValueError unless ``consumer`` is registered and the batch still takes updates."""
+        check_consumer(consumer)
+        self.check_open()
+        if consumer not in self.cursors:
+            raise ValueError(f"consumer {consumer!r} is not registered with this job")
+
+    def unregister(self, consumer: str) -> int:
+        """Stop holding groups for ``consumer``; returns its cursor, kept for a later return."""
+        self.retired[consumer] = self.cursors.pop(consumer)
+        return self.retired[consumer]
+
+    def all_cursors(self) -> dict[str, int]:
+        """Every consumer's cursor, registered or retired (what the closed job's manifest keeps)."""
+        return {**self.retired, **self.cursors}
 
     def view(self, req: StreamRequest, done: bool, policy: PolicyRef | None) -> StreamView:
         cursor = self.cursors.get(req.consumer, 0)

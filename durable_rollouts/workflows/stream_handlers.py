@@ -145,7 +145,7 @@ class StreamHandlers:
             return  # no manifest: readers of the closed job query it (its state kept the rest)
         manifest = StreamManifest(job_id=inp.job_id, batch_index=inp.batch_index,
                                   page_size=stream.options.page_size, delivered=stream.total(),
-                                  cursors=dict(stream.cursors), counts=dict(stream.counts),
+                                  cursors=stream.all_cursors(), counts=dict(stream.counts),
                                   policy=self._policy)
         try:
             await workflow.execute_activity(
@@ -217,6 +217,18 @@ class StreamHandlers:
     def _check_register(self, consumer: str) -> None:
         self._need_stream().check_open()
         check_consumer(consumer)
+
+    @workflow.update(name="stream_unregister")
+    def stream_unregister(self, consumer: str) -> int:
+        """Stop holding groups for ``consumer`` (one that will not come back soon); returns its
+        cursor. Registering again resumes from it."""
+        self._stream_updates += 1
+        self._touched = True
+        return self._need_stream().unregister(consumer)
+
+    @stream_unregister.validator
+    def _check_unregister(self, consumer: str) -> None:
+        self._need_stream().check_unregister(consumer)
 
     @workflow.update(name="stream_ack")
     def stream_ack(self, req: AckRequest) -> int:

@@ -101,6 +101,7 @@ GROUPS, PAGE, IN_FLIGHT = 80, 4, 6
 
 
 @pytest.mark.slow  # 160 rollouts, three continue-as-new, two consumer processes (~40 s)
+@pytest.mark.timeout(300)
 async def test_a_long_stream_keeps_bounded_state_and_a_late_consumer_reads_the_pages(
         client, dev_server, task_queue, tmp_path: Path) -> None:
     agents = tmp_path / "agents.log"
@@ -218,6 +219,7 @@ def _applied_groups(log: Path, acks: Path) -> tuple[list[tuple[int, int]], list[
 
 
 @pytest.mark.slow  # SIGKILLs a trainer three times and a worker twice (~1-2 min)
+@pytest.mark.timeout(300)  # a loaded box (CI's HUD lane beside it) stretches its waits
 async def test_paged_stream_survives_trainer_and_worker_kills_each_group_applied_once(
         client, dev_server, task_queue, tmp_path: Path, monkeypatch) -> None:
     from temporal_helpers import WorkerProcess
@@ -322,3 +324,52 @@ async def test_streamed_batch_histories_of_an_earlier_release_replay() -> None:
         result = await replayer.replay_workflow(WorkflowHistory.from_json("stream", path.read_text()),
                                                 raise_on_replay_failure=False)
         assert result.replay_failure is None, (path.name, result.replay_failure)
+
+
+async def test_an_unregistered_consumer_holds_nothing_and_resumes_from_its_cursor(
+        client, dev_server, task_queue, tmp_path: Path) -> None:
+    rows = 12
+    job = await _rows(rows).start(CountingAgent(answer="x"), runtime=LocalRuntime(ENV_FILE),
+                                  temporal=client, worker=True, task_queue=task_queue,
+                                  consumers=["trainer", "eval"], page_size=2, linger_s=120)
+    handle = client.get_workflow_handle(workflow_id(job.id))
+    evals = job.stream(consumer="eval", batch_size=2)
+    first = await anext(evals)  # eval applies two groups, then goes away without a word
+    assert await first.ack() == 2
+    await evals.aclose()
+    trainer = [g async for b in job.stream(consumer="trainer", batch_size=3) for g in await _acked(b)]
+    assert len(trainer) == rows
+    kept = await handle.query(TasksetRun.stream_kept)
+    assert (kept.base, kept.kept_groups) == (2, rows - 2)  # eval's cursor holds the rest in state
+
+    with pytest.raises(ConfigError, match="not registered"):
+        await job.unregister("nobody")
+    with pytest.raises(ConfigError, match="consumer name"):
+        await job.unregister("bad name!")
+    cli = await asyncio.create_subprocess_exec(  # the worker is in this process: don't block it
+        sys.executable, "-m", "durable_rollouts.cli", "stream", job.id, "--consumer", "eval",
+        "--unregister", "--temporal", dev_server.address,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    out, err = await asyncio.wait_for(cli.communicate(), 60)
+    assert cli.returncode == 0 and "unregistered, its cursor at group 2" in out.decode(), err.decode()
+
+    # The trainer, the only consumer left, has acknowledged everything: the job closes (its rest
+    # to pages, eval's cursor in the manifest), without waiting out its linger time.
+    done = await asyncio.wait_for(job.wait(), 60)
+    assert len(done.runs) == rows
+    manifest = await StreamStore(job.id).manifest()
+    assert manifest is not None and manifest.cursors == {"trainer": rows, "eval": 2}
+    assert len(_stored_pages(job.id)) == rows // 2
+    assert await job.unregister("eval") == 2  # closed: nothing held, its cursor as stored
+
+    # eval comes back under its name: it resumes at its cursor and reads the rest from pages
+    back = [b async for b in job.stream(consumer="eval", batch_size=4) if await b.ack()]
+    assert [b.id for b in back] == ["eval:2-6", "eval:6-10", "eval:10-12"]
+    eval_groups = [r.group_id for r in first.records] + [r.group_id for b in back for r in b.records]
+    assert eval_groups == [r.group_id for r in trainer]  # the same groups, the same order, once
+    assert await StreamStore(job.id).cursor("eval") == rows
+
+
+async def _acked(batch) -> list:  # type: ignore[no-untyped-def]
+    await batch.ack()
+    return batch.records

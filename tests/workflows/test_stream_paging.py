@@ -132,3 +132,25 @@ def test_a_page_size_of_zero_or_less_is_a_clear_error(monkeypatch) -> None:
     monkeypatch.setenv("ROLLOUTS_STREAM_PAGE_SIZE", "0")
     with pytest.raises(ConfigError, match="ROLLOUTS_STREAM_PAGE_SIZE='0'"):
         stream_options(None, None, "resample", 60.0)
+
+
+def test_an_unregistered_consumer_holds_nothing_and_registering_again_restores_its_cursor() -> None:
+    state = StreamState(options=StreamOptions(page_size=2), cursors={"trainer": 0, "eval": 0})
+    _finish(state, 6)
+    state.ack(AckRequest(consumer="trainer", start=0, end=6))
+    state.ack(AckRequest(consumer="eval", start=0, end=1))
+    assert _page_all(state) == []  # eval holds every group from 1 on
+    with pytest.raises(ValueError, match="not registered"):
+        state.check_unregister("nobody")
+    assert state.unregister("eval") == 1
+    with pytest.raises(ValueError, match="not registered"):
+        state.check_unregister("eval")
+    assert _page_all(state) == [["g0", "g1"], ["g2", "g3"], ["g4", "g5"]]
+    assert state.caught_up() and state.all_cursors() == {"trainer": 6, "eval": 1}
+    assert state.register("eval") == 1  # back: it resumes where it stopped, not from 0
+    assert state.retired == {} and not state.caught_up()
+    view = state.view(StreamRequest(consumer="eval", start=0, limit=4), False, None)
+    assert (view.cursor, view.start, view.groups, view.base) == (1, 1, [], 6)  # read from pages
+    state.sealed = True
+    with pytest.raises(ValueError, match="closing"):
+        state.check_unregister("eval")
