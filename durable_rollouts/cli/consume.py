@@ -142,21 +142,26 @@ def _groups_in(path: Path, job_id: str) -> set[str]:
     return seen
 
 
-def _check(args: StreamArgs) -> str:
-    """The consumer name; it and ``-o`` are checked before anything connects."""
+def _consumer_name(args: StreamArgs, missing: str) -> str:
+    """``--consumer``, checked (``missing``: the error when it was not given)."""
     if args.consumer is None:
-        raise ConfigError("--consumer NAME is required: acknowledgements are recorded under it")
+        raise ConfigError(missing)
     try:
-        check_consumer(args.consumer)
+        return check_consumer(args.consumer)
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
+
+
+def _check(args: StreamArgs) -> str:
+    """The consumer name; it and ``-o`` are checked before anything connects."""
+    name = _consumer_name(args, "--consumer NAME is required: acknowledgements are recorded under it")
     if args.output != "-":
         path = Path(args.output)
         if not path.parent.exists():
             raise ConfigError(f"-o {args.output}: folder {path.parent} does not exist")
         if path.is_dir():
             raise ConfigError(f"-o {args.output} is a folder: name a file")
-    return args.consumer
+    return name
 
 
 async def _attach(args: StreamArgs, *, for_reading: bool) -> Any:
@@ -199,16 +204,11 @@ async def close_stream(args: StreamArgs, out: Console) -> int:
 
 async def unregister_consumer(args: StreamArgs, out: Console) -> int:
     """``--unregister``: the job stops holding groups for ``--consumer`` (its cursor is kept)."""
-    if args.consumer is None:
-        raise ConfigError("--unregister needs --consumer NAME: the consumer to stop holding groups for")
-    try:
-        check_consumer(args.consumer)
-    except ValueError as exc:
-        raise ConfigError(str(exc)) from None
+    name = _consumer_name(args, "--unregister needs --consumer NAME: the consumer to stop holding groups for")
     job = await _attach(args, for_reading=False)
-    cursor = await job.unregister(args.consumer)
-    out.print(f"job {job.id}: consumer {args.consumer} unregistered, its cursor at group {cursor}; "
-              f"the job holds no groups for it (streaming as {args.consumer} again resumes there)",
+    cursor = await job.unregister(name)
+    out.print(f"job {job.id}: consumer {name} unregistered, its cursor at group {cursor}; "
+              f"the job holds no groups for it (streaming as {name} again resumes there)",
               highlight=False, soft_wrap=True)
     return 0
 
