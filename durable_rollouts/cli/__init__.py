@@ -13,6 +13,7 @@ exit code 2, never a traceback.
 from __future__ import annotations
 
 import sys
+import warnings
 
 import typer
 from typer.exceptions import TyperException
@@ -40,6 +41,9 @@ for _group in (run, stream, regrade, worker, server, inspect, gc, task):
 
 def main(argv: list[str] | None = None) -> None:
     """Console-script entry: usage errors become one ``error:`` line with exit code 2."""
+    # asyncssh imports cryptography's DSA classes, and cryptography 51 warns on that import in
+    # every process: noise a user cannot act on, which would turn a one-line error into eleven.
+    warnings.filterwarnings("ignore", message=r"DSA is deprecated", module=r"asyncssh(\.|$)")
     try:
         command = typer.main.get_command(app)
         add_storage_option(command)  # --storage next to every --temporal
