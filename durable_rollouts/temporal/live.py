@@ -70,6 +70,14 @@ def carve(chunk: Chunk, full: int) -> list[tuple[int, int]]:
     return spans
 
 
+def _checked(consumer: str) -> str:
+    """``consumer`` if it is a valid consumer name, else ConfigError saying what is allowed."""
+    try:
+        return check_consumer(consumer)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+
+
 @dataclass
 class StreamBatch:
     """Finished groups, in completion order: ``groups[i]`` are the kept rollouts of one group.
@@ -181,10 +189,7 @@ class LiveJob(Job):
         Raises:
             ConfigError: a bad consumer name or batch size, or a job that does not stream.
         """
-        try:
-            check_consumer(consumer)
-        except ValueError as exc:
-            raise ConfigError(str(exc)) from None
+        _checked(consumer)
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or not 1 <= batch_size <= 1000:
             raise ConfigError(f"batch_size={batch_size!r}: use a whole number from 1 to 1000")
         reader = StreamReader(self, consumer)
@@ -233,11 +238,7 @@ class LiveJob(Job):
             ConfigError: a bad name, or one not registered with this job.
         """
         try:
-            check_consumer(consumer)
-        except ValueError as exc:
-            raise ConfigError(str(exc)) from None
-        try:
-            return int(await self._update("stream_unregister", consumer))
+            return int(await self._update("stream_unregister", _checked(consumer)))
         except JobClosedError:
             return await StreamReader(self, consumer)._close()
 
@@ -279,10 +280,7 @@ def stream_options(max_in_flight: int | None, max_staleness: int | None, on_stal
     if not linger_s > 0:
         raise ConfigError(f"linger_s={linger_s!r}: use a number of seconds > 0")
     for name in consumers:
-        try:
-            check_consumer(name)
-        except ValueError as exc:
-            raise ConfigError(str(exc)) from None
+        _checked(name)
     return StreamOptions(max_in_flight=max_in_flight, max_staleness=max_staleness, on_stale=on_stale,
                          linger_s=linger_s, consumers=list(dict.fromkeys(consumers)),  # type: ignore[arg-type]
                          page_size=page_size)
