@@ -212,6 +212,9 @@ async def test_on_error_fail_in_one_part_stops_every_part(limited_server, per_wo
         max_attempts=1)
     assert time.monotonic() - began < 45
     counts = Counter(r.status for r in job.runs)
-    assert counts["errored"] == GROUP and counts["cancelled"] == ROWS * GROUP - GROUP, counts
+    # row3's members both raise; the first error may cancel its sibling before that one's own
+    # error is recorded, so one or both count as errored and every other rollout is cancelled
+    assert 1 <= counts["errored"] <= GROUP, counts
+    assert counts["cancelled"] == ROWS * GROUP - counts["errored"], counts
     assert len(job.runs) == ROWS * GROUP
     assert {r.row_index for r in job.runs if r.status == "errored"} == {3}
