@@ -25,6 +25,8 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, f
 from .errors import ConfigError
 
 __all__ = [
+    "AGENT_HEARTBEAT_UNWATCHED_S",
+    "AGENT_HEARTBEAT_WATCHED_S",
     "ENV_FILE_VAR",
     "ENV_PORT_VAR",
     "MAX_CHILDREN_PER_WORKFLOW",
@@ -38,6 +40,11 @@ __all__ = [
     "var",
 ]
 
+
+AGENT_HEARTBEAT_WATCHED_S = 300.0
+"""The agent step's heartbeat timeout by default while the worker watch is on (a backstop)."""
+AGENT_HEARTBEAT_UNWATCHED_S = 20.0
+"""... and with it off: a dead worker's agent step is retried within it."""
 
 MAX_CHILDREN_PER_WORKFLOW = 1900
 """The most ``ROLLOUTS_CHILDREN_PER_WORKFLOW`` may be (Temporal: 2,000 pending children per workflow)."""
@@ -102,10 +109,18 @@ class Settings(BaseModel):
         "(host or process) queue before that queue is probed: a live worker with every slot busy "
         "answers and the step waits again; otherwise the worker, and the substrate, count as gone "
         "and the rollout reprovisions on a live worker (set when a batch starts).", gt=0)
-    agent_heartbeat: float = _var(
-        "ROLLOUTS_AGENT_HEARTBEAT", 20.0, "Heartbeat timeout in seconds of the agent step: a dead "
-        "worker's agent step is retried on a live one within it. Each waiting agent costs one "
-        "heartbeat per 80% of it (set when a batch starts).", gt=0)
+    agent_heartbeat: float | None = _var(
+        "ROLLOUTS_AGENT_HEARTBEAT", None, "Heartbeat timeout in seconds of the agent step. With "
+        "the worker watch on, a backstop: a dead worker's agent steps are scheduled again when "
+        "its watch notices; with it off, within this. Each waiting agent costs the server one "
+        "heartbeat per 80% of it, at most one a minute (set when a batch starts).",
+        shown=f"{AGENT_HEARTBEAT_WATCHED_S:g} (the worker watch on), else 20", gt=0)
+    worker_watch: float = _var(
+        "ROLLOUTS_WORKER_WATCH", 10.0, "Seconds a worker process may miss its liveness beats "
+        "before it counts as dead: every agent step it ran is then scheduled again at once, "
+        "rather than after the step's own heartbeat timeout. One beat per worker process "
+        "instead of a fast one per waiting agent; 0 turns the watch off (read when a batch and "
+        "when a worker starts).", ge=0)
     children_per_workflow: int = _var(
         "ROLLOUTS_CHILDREN_PER_WORKFLOW", 1000, "Rollouts one batch workflow keeps in flight: a "
         "batch whose `max_concurrent` is wider runs as parts, child batch workflows of at most "
@@ -148,6 +163,13 @@ class Settings(BaseModel):
     @classmethod
     def _upper(cls, value: Any) -> Any:
         return value.upper() if isinstance(value, str) else value
+
+    @property
+    def agent_heartbeat_s(self) -> float:
+        """The agent step's heartbeat timeout: the variable, else the default for the watch."""
+        if self.agent_heartbeat is not None:
+            return self.agent_heartbeat
+        return AGENT_HEARTBEAT_WATCHED_S if self.worker_watch > 0 else AGENT_HEARTBEAT_UNWATCHED_S
 
 
 _NAMES = tuple(field.alias or name for name, field in Settings.model_fields.items())

@@ -49,6 +49,7 @@ from durable_rollouts.activities.admission import AdmissionActivities
 from durable_rollouts.activities.liveness import LIVENESS_SLOTS, queue_alive
 from durable_rollouts.activities.owner import OwnerInterceptor
 from durable_rollouts.activities.stream_pages import StreamPageActivities
+from durable_rollouts.activities.watch import RunningAgents, WatchActivities
 from durable_rollouts.capacity import DEFAULT_SLOTS, check_capacity, register_slots, slots_for
 from durable_rollouts.errors import ConfigError
 from durable_rollouts.ids import batch_of
@@ -59,10 +60,12 @@ from durable_rollouts.temporal.board import BOARD
 from durable_rollouts.temporal.eviction import evict_cached
 from durable_rollouts.temporal.storage import storage_url
 from durable_rollouts.temporal.stream_pages import StreamStore
+from durable_rollouts.temporal.watch import WatchRunner
 from durable_rollouts.workflows import Rollout, TasksetRun
 from durable_rollouts.workflows.admission import AdmissionWorkflow
 from durable_rollouts.workflows.queue_probe import alive_queue
 from durable_rollouts.workflows.types import DEFAULT_TASK_QUEUE
+from durable_rollouts.workflows.worker_watch import WorkerWatch
 
 __all__ = ["DEFAULT_GC_EVERY_S", "RolloutWorker", "WorkerParts", "build_worker", "host_queue_name",
            "liveness_worker", "main", "process_queue_name", "run_worker", "worker_parts"]
@@ -72,7 +75,7 @@ log = logging.getLogger(__name__)
 DEFAULT_GC_EVERY_S: float = Settings.model_fields["gc_every"].default  # 0 disables the sweep
 GC_EVERY_ENV = var("gc_every")
 
-WORKFLOWS = [TasksetRun, Rollout, AdmissionWorkflow]
+WORKFLOWS = [TasksetRun, Rollout, AdmissionWorkflow, WorkerWatch]
 # Heartbeats reach the server once per 80% of the step's heartbeat timeout (temporalio's
 # throttle), at most this far apart: the agent step's 20 s gives one per 16 s. Steps with no
 # heartbeat timeout that beat anyway send one per HEARTBEAT_THROTTLE_DEFAULT.
@@ -131,8 +134,9 @@ class RolloutWorker:
     orphan sweep every ``gc_every_s`` seconds while they run (0 = none)."""
 
     def __init__(self, workers: list[Worker], queues: Queues, *, gc_every_s: float = 0.0,
-                 slots: int = DEFAULT_SLOTS) -> None:
+                 slots: int = DEFAULT_SLOTS, watch: WatchRunner | None = None) -> None:
         self.workers = workers
+        self.watch = watch  # this process's liveness watch (``temporal.watch``)
         self.queues = queues
         self.slots = slots  # activity slots per queue: rollouts it holds in flight at once
         self.gc_every_s = gc_every_s
@@ -145,9 +149,14 @@ class RolloutWorker:
             from durable_rollouts.gc import sweep
 
             sweeper = asyncio.ensure_future(sweep(self.workers[0].client, self.gc_every_s))
+        watching = asyncio.ensure_future(self.watch.run()) if self.watch is not None else None
         try:
             await asyncio.gather(*(w.run() for w in self.workers))
         finally:
+            if watching is not None:
+                watching.cancel()
+                with contextlib.suppress(BaseException):
+                    await watching
             for w in self.workers:  # no suspended run may be left for the garbage collector
                 evict_cached(w)
             BOARD.workers -= 1
@@ -157,6 +166,8 @@ class RolloutWorker:
                     await sweeper
 
     async def shutdown(self) -> None:
+        if self.watch is not None:  # cancel the watch first: a worker shutting down is not lost
+            await self.watch.stop()
         await asyncio.gather(*(w.shutdown() for w in self.workers), return_exceptions=True)
         if self._task is not None:
             with contextlib.suppress(BaseException):
@@ -181,17 +192,20 @@ class WorkerParts:
 
 
 def worker_parts(queues: Queues, *, trace_store: TraceStore | None = None,
-                 interceptors: Sequence[Interceptor] = ()) -> WorkerParts:
+                 interceptors: Sequence[Interceptor] = (),
+                 running: RunningAgents | None = None) -> WorkerParts:
     """The one list of workflows, activities and interceptors of a durable-rollouts worker.
 
     ``interceptors`` (e.g. the test suite's fault injection) run outside the package's own: the
     ``OwnerInterceptor`` (substrate owner labels for gc) and the progress-board interceptor.
+    ``running`` is where the agent steps list themselves for this process's watch.
     """
-    rollout = RolloutActivities(queues, trace_store=trace_store)
+    running = RunningAgents() if running is None else running
+    rollout = RolloutActivities(queues, trace_store=trace_store, running=running)
     return WorkerParts(
         workflows=list(WORKFLOWS),
         activities=[*rollout.all(), *TasksetActivities().all(), *AdmissionActivities().all(),
-                    *StreamPageActivities(StreamStore).all()],
+                    *StreamPageActivities(StreamStore).all(), WatchActivities(running).agents_on],
         step_activities=rollout.all(),
         interceptors=[*interceptors, OwnerInterceptor(), _Board()],
     )
@@ -239,7 +253,8 @@ def build_worker(client: Client, *, task_queue: str = DEFAULT_TASK_QUEUE, host_q
     queues = Queues(shared=task_queue, host=host_queue, process=process_queue)
     check_capacity(max_concurrent_activities)
     register_slots(max_concurrent_activities)
-    parts = worker_parts(queues, trace_store=trace_store, interceptors=interceptors)
+    running = RunningAgents()
+    parts = worker_parts(queues, trace_store=trace_store, interceptors=interceptors, running=running)
     runner = SandboxedWorkflowRunner(
         restrictions=SandboxRestrictions.default.with_passthrough_modules("durable_rollouts"))
     slot_options: dict[str, Any] = {"tuner": tuner} if tuner is not None else {
@@ -267,7 +282,10 @@ def build_worker(client: Client, *, task_queue: str = DEFAULT_TASK_QUEUE, host_q
     for queue in queues.extra:
         workers.append(Worker(client, task_queue=queue, activities=parts.step_activities, **common))
         workers.append(liveness_worker(client, queue, identity=common["identity"]))
-    return RolloutWorker(workers, queues, gc_every_s=gc_every_s, slots=max_concurrent_activities)
+    watch = WatchRunner(client, task_queue=task_queue, sentinel=WatchActivities(running),
+                        identity=common["identity"], timeout_s=settings().worker_watch)
+    return RolloutWorker(workers, queues, gc_every_s=gc_every_s, slots=max_concurrent_activities,
+                         watch=watch)
 
 
 def liveness_worker(client: Client, queue: str, *, identity: str) -> Worker:

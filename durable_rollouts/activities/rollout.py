@@ -22,6 +22,7 @@ from durable_rollouts.activities.admission import report_start
 from durable_rollouts.activities.checkpoints import AgentCheckpoints
 from durable_rollouts.activities.failures import map_errors
 from durable_rollouts.activities.legacy import LegacySteps
+from durable_rollouts.activities.watch import RunningAgents
 from durable_rollouts.models import Endpoint, Grade, Session
 from durable_rollouts.runtimes import provider_from_spec
 from durable_rollouts.sdk.agents import load_agent
@@ -114,13 +115,15 @@ class RolloutActivities:
         queues: this worker's queues (used by ``provision`` to pin host/process substrates).
         trace_store: where the agent step puts full traces (claim check); default store if None.
         beat_s: interval of the background heartbeat of long steps.
+        running: the agent steps this process runs, which its watch's sentinel reports.
     """
 
     def __init__(self, queues: Queues | None = None, trace_store: TraceStore | None = None,
-                 beat_s: float = BEAT_S) -> None:
+                 beat_s: float = BEAT_S, running: RunningAgents | None = None) -> None:
         self.queues = queues or Queues()
         self.trace_store = trace_store or TraceStore()
         self.beat_s = beat_s
+        self.running = RunningAgents() if running is None else running  # the agent steps this process runs (the watch)
         self.legacy = LegacySteps(self)
 
     def all(self) -> list[Any]:
@@ -195,15 +198,20 @@ class RolloutActivities:
         if inp.open is not None or inp.close:  # an earlier release's merged agent step
             return await self.legacy.agent(inp)
         with map_errors():
-            checkpoints = AgentCheckpoints(inp)
-            # a retried attempt resumes from the last checkpoint; fetching it may wait for the
-            # workflow's task to leave a dead worker's sticky queue: keep heartbeating meanwhile
-            inp = await self.beating(checkpoints.restore(inp), checkpoints.details)
-            return await self.beating(
-                agent_step.run_agent(inp, agent=load_agent(inp.agent), new_run=Run.for_step,
-                                     trace_store=self.trace_store,
-                                     checkpointer=checkpoints.save, last_attempt=self.last_attempt()),
-                checkpoints.details)
+            async with self.running.running(activity.info().workflow_id or "", inp.schedule):
+                return await self._agent(inp)
+
+    async def _agent(self, inp: AgentInput) -> AgentResult:
+        """The agent step proper, listed in this process's watch meanwhile."""
+        checkpoints = AgentCheckpoints(inp)
+        # a retried attempt resumes from the last checkpoint; fetching it may wait for the
+        # workflow's task to leave a dead worker's sticky queue: keep heartbeating meanwhile
+        inp = await self.beating(checkpoints.restore(inp), checkpoints.details)
+        return await self.beating(
+            agent_step.run_agent(inp, agent=load_agent(inp.agent), new_run=Run.for_step,
+                                 trace_store=self.trace_store,
+                                 checkpointer=checkpoints.save, last_attempt=self.last_attempt()),
+            checkpoints.details)
 
     @activity.defn(name=ACT_GRADE)
     async def grade(self, inp: GradeInput) -> Grade:

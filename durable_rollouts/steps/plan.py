@@ -31,8 +31,9 @@ __all__ = [
 AGENT_TIMEOUT_SLACK_S = 60.0  # over the rollout timeout: the rollout's own timer fires first
 AGENT_NO_TIMEOUT_S = 24 * 3600.0
 AGENT_HEARTBEAT_S = 20.0
-"""The agent step's heartbeat timeout (unless the rollout's input says otherwise): a dead worker's
-agent step is retried within it, and a waiting agent costs the server one write per 16 s."""
+"""The agent step's heartbeat timeout when nothing else is said (histories from before the worker
+watch; ``ROLLOUTS_WORKER_WATCH=0``): a dead worker's agent step is retried within it, and a
+waiting agent costs the server one write per 16 s. With the watch on, batches set a long one."""
 RETRY_FIRST_S = 1.0  # a failed attempt waits 1 s, then twice as long each time, at most 30 s
 RETRY_BACKOFF = 2.0
 RETRY_MAX_S = 30.0

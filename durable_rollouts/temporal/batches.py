@@ -347,7 +347,8 @@ async def _start(taskset: Any, agent_spec: Any, provider_spec: Any, runtime: Any
         local_steps=getattr(runtime, "locality", "global") in ("process", "host"),
         ephemeral=bool(getattr(runtime, "ephemeral", False)),
         admission=getattr(runtime, "admission", None),
-        queue_timeout_s=settings().queue_timeout, agent_heartbeat_s=settings().agent_heartbeat,
+        queue_timeout_s=settings().queue_timeout, agent_heartbeat_s=settings().agent_heartbeat_s,
+        worker_watch=settings().worker_watch > 0,
         stream=stream, policy=policy, open_ended=open_ended,
         **({"max_history_events": max_history_events, "flush_results_over": 0}
            if max_history_events else {}),

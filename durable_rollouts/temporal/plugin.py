@@ -16,15 +16,20 @@ workflow runs a stopped worker still caches (``temporal.eviction``).
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from collections.abc import Awaitable, Callable
 
 from temporalio.plugin import SimplePlugin
 from temporalio.worker import Worker
 
 from durable_rollouts.activities import Queues
+from durable_rollouts.activities.watch import RunningAgents, WatchActivities
+from durable_rollouts.settings import settings
 from durable_rollouts.stores.tracestore import TraceStore
 from durable_rollouts.temporal.codec import data_converter
 from durable_rollouts.temporal.eviction import evict_cached
+from durable_rollouts.temporal.watch import WatchRunner
 from durable_rollouts.workflows.types import DEFAULT_TASK_QUEUE
 
 __all__ = ["PLUGIN_NAME", "RolloutsPlugin"]
@@ -46,7 +51,9 @@ class RolloutsPlugin(SimplePlugin):
             worker_parts,  # lazy: the worker layer sits above this one
         )
 
-        parts = worker_parts(Queues(shared=task_queue), trace_store=trace_store)
+        self._running = RunningAgents()  # the agent steps this process runs, for its watch
+        parts = worker_parts(Queues(shared=task_queue), trace_store=trace_store,
+                             running=self._running)
         super().__init__(
             PLUGIN_NAME,
             data_converter=data_converter(),
@@ -56,9 +63,18 @@ class RolloutsPlugin(SimplePlugin):
         )
 
     async def run_worker(self, worker: Worker, next: Callable[[Worker], Awaitable[None]]) -> None:
-        """Run the worker; once it has stopped, evict the runs it still caches
-        (``temporal.eviction``: temporalio 1.35 leaves them to the garbage collector)."""
+        """Run the worker with this process's watch (``temporal.watch``); once it has stopped,
+        evict the runs it still caches (``temporal.eviction``: temporalio 1.35 leaves them to
+        the garbage collector)."""
+        watch = WatchRunner(worker.client, task_queue=worker.task_queue,
+                            sentinel=WatchActivities(self._running),
+                            identity=worker.config().get("identity") or worker.client.identity,
+                            timeout_s=settings().worker_watch)
+        watching = asyncio.ensure_future(watch.run())
         try:
             await super().run_worker(worker, next)
         finally:
+            watching.cancel()
+            with contextlib.suppress(BaseException):
+                await watching
             evict_cached(worker)

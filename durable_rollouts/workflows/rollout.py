@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 from collections.abc import AsyncIterator, Awaitable
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -65,8 +66,11 @@ with workflow.unsafe.imports_passed_through():
     from durable_rollouts.workflows.outcome import KEY_STATUS, Errored, SubstrateGone
     from durable_rollouts.workflows.plan import RolloutPlan, StepOptions, build_plan
     from durable_rollouts.workflows.queue_probe import queue_polled
+    from durable_rollouts.workflows.worker_watch import AgentLost
     from durable_rollouts.workflows.types import (
+        AGENT_HEARTBEAT_S,
         CARD_LAYOUT,
+        SIG_AGENT_WORKER_LOST,
         UPD_CHECKPOINT,
         UPD_LATEST_CHECKPOINT,
         RolloutInput,
@@ -102,12 +106,23 @@ class _Attempt:
     ticket: AdmissionTicket | None = None  # fleet-wide admission: this attempt's ticket
 
 
+def _short(heartbeat: timedelta | None) -> timedelta:
+    """The agent step's heartbeat timeout after its worker was lost: at most the unwatched one."""
+    unwatched = timedelta(seconds=AGENT_HEARTBEAT_S)
+    return unwatched if heartbeat is None else min(heartbeat, unwatched)
+
+
+class _WorkerLost(Exception):
+    """The worker running this agent schedule stopped beating (``SIG_AGENT_WORKER_LOST``)."""
+
+
 class CardRollout(AgentTurns):
     """The card's steps, walked from the plan; the present shape of every new Rollout."""
 
     def __init__(self) -> None:
         super().__init__()
         self.granted: set[str] = set()  # admission tickets granted (the ``admitted`` signal)
+        self.lost_agents: dict[int, str] = {}  # agent schedule -> its dead worker (the watch)
         self._ticket: AdmissionTicket | None = None
 
     def _patched(self, patch_id: str) -> bool:
@@ -219,8 +234,22 @@ class CardRollout(AgentTurns):
             agent_input = agent_input.model_copy(update={
                 "schedule": self._fresh_agent_schedule(), "checkpoint": self._checkpoint})
             try:
-                a.agent = await self._call(step, agent_input, AgentResult, a.endpoint, a.plan)
+                a.agent = await self._watched_agent(step, agent_input, a)
                 return
+            except _WorkerLost as err:
+                pinned = a.endpoint is not None and a.endpoint.task_queue not in (None, self._queue)
+                if pinned or inp.ephemeral:  # the substrate lived on the dead worker
+                    raise SubstrateGone(step.phase, str(err)) from None
+                if lost >= AGENT_LOST_WORKER_ROUNDS:
+                    a.agent = AgentResult(status="error", error=str(err))
+                    return
+                lost += 1
+                workflow.logger.warning("rollout %s: %s; scheduling it again", inp.rollout_id, err)
+                # A hung worker's open polls may swallow the next schedule (it counts as started
+                # there, and that worker's watch has already reported): this rollout's agent
+                # step notices by its own heartbeat from now on, as without the watch.
+                step = dataclasses.replace(step, heartbeat=_short(step.heartbeat))
+                continue
             except STEP_FAILURES as err:
                 if is_substrate_gone(err) or is_cancelled(err):
                     raise
@@ -234,6 +263,23 @@ class CardRollout(AgentTurns):
                 a.agent = AgentResult(status="timeout" if is_timeout(err) else "error",
                                       error=failure_message(err))
                 return
+
+    async def _watched_agent(self, step: StepOptions, agent_input: AgentInput,
+                             a: _Attempt) -> AgentResult:
+        """The agent step; with the worker watch on, cut short when its worker is signalled dead
+        (``workflows.worker_watch``): its activity is cancelled and ``_WorkerLost`` raised."""
+        call = self._call(step, agent_input, AgentResult, a.endpoint, a.plan)
+        if not a.inp.worker_watch:
+            return await call
+        schedule = agent_input.schedule
+        running = asyncio.ensure_future(call)
+        await workflow.wait_condition(lambda: running.done() or schedule in self.lost_agents)
+        if running.done():
+            return running.result()
+        running.cancel()
+        with contextlib.suppress(asyncio.CancelledError, *STEP_FAILURES):
+            await running
+        raise _WorkerLost(f"the worker of its agent step died ({self.lost_agents[schedule]})")
 
     async def _grade(self, step: StepOptions, a: _Attempt) -> None:
         assert a.endpoint is not None and a.session is not None and a.agent is not None
@@ -353,6 +399,12 @@ class Rollout:
         """The admission workflow granted ``ticket`` (``workflows.admission``)."""
         if isinstance(self._shape, CardRollout):
             self._shape.granted.add(ticket)
+
+    @workflow.signal(name=SIG_AGENT_WORKER_LOST)
+    def agent_worker_lost(self, lost: AgentLost) -> None:
+        """The worker watch: the worker running agent schedule ``lost.schedule`` died."""
+        if isinstance(self._shape, CardRollout):
+            self._shape.lost_agents[lost.schedule] = lost.worker or "a worker"
 
     @workflow.update(name=UPD_CHECKPOINT)
     def checkpoint(self, checkpoint: Checkpoint) -> int:

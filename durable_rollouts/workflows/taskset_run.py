@@ -403,7 +403,7 @@ class TasksetRun(StreamHandlers, FanOut):
                              rollout_timeout_s=inp.rollout_timeout_s, max_attempts=inp.max_attempts,
                              local_steps=inp.local_steps, ephemeral=inp.ephemeral,
                              task_queue=inp.task_queue, queue_timeout_s=inp.queue_timeout_s,
-                             agent_heartbeat_s=inp.agent_heartbeat_s,
+                             agent_heartbeat_s=inp.agent_heartbeat_s, worker_watch=inp.worker_watch,
                              search_attributes=inp.search_attributes, retry=retry, policy=self._policy,
                              status_at_start=inp.search_attributes, layout=CARD_LAYOUT,
                              admission=inp.admission)

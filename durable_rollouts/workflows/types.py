@@ -27,6 +27,7 @@ from durable_rollouts.workflows.stream import PolicyRef, StreamOptions, StreamSt
 
 __all__ = [
     "ACT_ADMIT",
+    "ACT_AGENTS_ON",
     "ACT_AGENT",
     "ACT_CLOSED_HOLDERS",
     "ACT_CONNECT",
@@ -43,6 +44,7 @@ __all__ = [
     "ACT_VERIFY",
     "ACT_VERIFY_CLOSE",
     "ACT_VERIFY_OPEN",
+    "ACT_WORKER_ALIVE",
     "AGENT_HEARTBEAT_S",
     "DEFAULT_TASK_QUEUE",
     "QUEUE_TIMEOUT_S",
@@ -61,6 +63,7 @@ __all__ = [
     "ResultsRef",
     "RolloutInput",
     "SEARCH_ATTRIBUTES",
+    "SIG_AGENT_WORKER_LOST",
     "StoreResultsInput",
     "TasksetRunInput",
     "TasksetRunResult",
@@ -93,6 +96,9 @@ ACT_VERIFY_CLOSE = "rollouts.verify_close"
 ACT_TEARDOWN = "rollouts.teardown"
 # Answered by a worker's liveness queue (workflows.queue_probe): a busy queue is not a lost one.
 ACT_QUEUE_ALIVE = "rollouts.queue_alive"
+ACT_WORKER_ALIVE = "rollouts.worker_alive"
+ACT_AGENTS_ON = "rollouts.agents_on"  # which of a dead worker's agent steps are still on it  # a worker process's liveness sentinel (workflows.worker_watch)
+SIG_AGENT_WORKER_LOST = "agent_worker_lost"  # to a Rollout: the worker of its agent step died
 # Fleet-wide admission (``workflows.admission``): ask for a ticket; find holders that closed.
 ACT_ADMIT = "rollouts.admit"
 ACT_CLOSED_HOLDERS = "rollouts.admission_closed_holders"
@@ -200,6 +206,7 @@ class TasksetRunInput(_Model):
     # A substrate's own (host or process) queue unpolled this long: its worker is gone.
     queue_timeout_s: float = Field(default=QUEUE_TIMEOUT_S, gt=0)
     agent_heartbeat_s: float = Field(default=AGENT_HEARTBEAT_S, gt=0)  # as ``RolloutInput``'s
+    worker_watch: bool = False  # as ``RolloutInput``'s
     # The substrate lives in the worker process that opens it and dies with it (``LocalRuntime``):
     # in layout 4 its whole rollout is one agent step.
     ephemeral: bool = False
@@ -270,6 +277,9 @@ class RolloutInput(_Model):
     queue_timeout_s: float = Field(default=QUEUE_TIMEOUT_S, gt=0)
     # The agent step's heartbeat timeout (an activity option: changing it is replay-safe).
     agent_heartbeat_s: float = Field(default=AGENT_HEARTBEAT_S, gt=0)
+    # Workers watch each other (``workflows.worker_watch``): a dead worker's agent step is
+    # signalled lost (``SIG_AGENT_WORKER_LOST``) and scheduled again at once; False before it.
+    worker_watch: bool = False
     policy: PolicyRef | None = None  # the trainer's policy this rollout samples with
     # Fleet-wide admission (``workflows.admission``): each attempt holds a ticket from before
     # provision until after teardown; None in every history recorded before it existed.

@@ -19,7 +19,7 @@ from durable_rollouts.sdk.job import Job
 from durable_rollouts.sdk.taskset import Taskset
 from durable_rollouts.temporal.batches import shutdown_embedded
 from durable_rollouts.temporal.connection import connect_client
-from durable_rollouts.workflows.types import AGENT_HEARTBEAT_S
+from durable_rollouts.settings import AGENT_HEARTBEAT_WATCHED_S
 
 CARD = ["provision", "connect", "start", "agent", "grade", "teardown"]
 
@@ -46,7 +46,7 @@ async def durable_shapes(runtime: Any, tasks: list[Any], agent: Any, folder: Pat
         shapes = []
         for run in job.runs:
             history = await client.get_workflow_handle(run.rollout_id).fetch_history()
-            assert _agent_heartbeat(history) == AGENT_HEARTBEAT_S
+            assert _agent_heartbeat(history) == AGENT_HEARTBEAT_WATCHED_S
             shapes.append(step_names(history))
         return job, shapes
     finally:

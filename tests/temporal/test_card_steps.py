@@ -19,7 +19,7 @@ from durable_rollouts.sdk.agents import Agent, FixedAgent
 from durable_rollouts.sdk.run import Run
 from durable_rollouts.sdk.taskset import Taskset
 from durable_rollouts.temporal.batches import run_taskset
-from durable_rollouts.workflows.types import AGENT_HEARTBEAT_S
+from durable_rollouts.settings import AGENT_HEARTBEAT_WATCHED_S
 
 CARD = ["provision", "connect", "start", "agent", "grade", "teardown"]
 REPO = Path(__file__).resolve().parents[2]
@@ -56,7 +56,7 @@ async def test_an_in_process_rollout_records_the_card_steps(client, task_queue, 
         kinds = dict(step_events(history))
         assert kinds["rollouts.agent"] == "activity"  # never local: it heartbeats
         assert {kinds[f"rollouts.{s}"] for s in CARD if s != "agent"} == {"local"}
-        assert _agent_heartbeat(history) == AGENT_HEARTBEAT_S
+        assert _agent_heartbeat(history) == AGENT_HEARTBEAT_WATCHED_S
     assert len(read_lines(grades)) == 2  # one real grade per rollout
 
 

@@ -49,5 +49,5 @@ async def test_the_plugin_and_the_packaged_worker_register_the_same_parts(dev_se
     packaged = build_worker(await Client.connect(dev_server.address), task_queue=queue)
     workflows, activities, interceptors = _registered(Worker(plugged, task_queue=queue))
     assert (workflows, activities, interceptors) == _registered(packaged.workers[0])
-    assert workflows == ["Rollout", "RolloutsAdmission", "TasksetRun"] and "OwnerInterceptor" in interceptors
+    assert workflows == ["Rollout", "RolloutsAdmission", "TasksetRun", "WorkerWatch"] and "OwnerInterceptor" in interceptors
     assert len(activities) == len(worker_parts(Queues(shared=queue)).activities) > 5

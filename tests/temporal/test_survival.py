@@ -67,9 +67,11 @@ async def test_worker_killed_mid_agent_another_worker_finishes_once(client, task
 
 async def test_a_dead_workers_agent_step_runs_again_within_30_s(client, task_queue, start_worker,
                                                                  evidence: Path) -> None:
-    """With the default agent heartbeat timeout (20 s, one heartbeat per 16 s: what keeps
-    thousands of waiting agents cheap), a SIGKILLed worker's agent step is noticed and runs
-    again on the other live worker within 30 s of the kill; the env grades once."""
+    """With the defaults (the worker watch on: one sentinel beat per worker process, and the
+    agent step's own heartbeat timeout a 300 s backstop, so a waiting agent costs one heartbeat
+    a minute), a SIGKILLed worker's agent step is noticed by its watch and runs again on the
+    other live worker within 30 s of the kill; the env grades once. The history shows how: the
+    first agent step was cancelled by the Rollout (told by the watch), not timed out."""
     agents = evidence / "agents.log"
     pair = {w.pid: w for w in (start_worker(), start_worker())}
     handle = await start_job(Taskset("t", [echo("x", evidence)]),
@@ -87,6 +89,14 @@ async def test_a_dead_workers_agent_step_runs_again_within_30_s(client, task_que
     (run,) = (await asyncio.wait_for(handle.wait(), 60)).runs
     assert (run.status, run.reward, run.attempts) == ("succeeded", 1.0, 1), run.error
     assert len(read_lines(evidence / "grades.log")) == 1
+    history = await client.get_workflow_handle(run.rollout_id).fetch_history()
+    agent_steps = [e.activity_task_scheduled_event_attributes for e in history.events
+                   if e.HasField("activity_task_scheduled_event_attributes")
+                   and e.activity_task_scheduled_event_attributes.activity_type.name == "rollouts.agent"]
+    assert [a.heartbeat_timeout.ToTimedelta().total_seconds() for a in agent_steps] == [300.0, 300.0]
+    kinds = [e.WhichOneof("attributes") for e in history.events]
+    assert "activity_task_cancel_requested_event_attributes" in kinds
+    assert "activity_task_timed_out_event_attributes" not in kinds
 
 
 async def test_worker_killed_after_grade_regrade_returns_cached_result(client, task_queue, start_worker,
