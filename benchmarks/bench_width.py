@@ -187,7 +187,11 @@ if __name__ == "__main__":
                         help="fixed: Taskset.run's in-process worker, slots sized from the width; "
                              "resource: a worker with temporalio's resource-based tuner")
     args = parser.parse_args()
-    print(f"tuner={args.tuner}", flush=True)
+    from durable_rollouts.settings import settings
+
+    config = settings()
+    print(f"tuner={args.tuner} worker watch={config.worker_watch:g} s "
+          f"agent heartbeat timeout={config.agent_heartbeat_s:g} s", flush=True)
     with private_home():
         asyncio.run(session_main([int(x) for x in args.n.split(",")], args.wait, args.window, args.tuner,
                                  args.settle, args.batch))

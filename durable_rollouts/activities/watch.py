@@ -119,7 +119,6 @@ class WatchActivities:
                     identity=client.identity, namespace=client.namespace))
             if reply.cancel_requested:
                 self._stopping.set()
-            activity.heartbeat(details)  # temporalio's own beat too: it cancels an attempt that sends none
 
         loop = asyncio.get_running_loop()
         end = loop.time() + round_.round_s
@@ -132,6 +131,9 @@ class WatchActivities:
                     landed = loop.time()
                 elif loop.time() - landed > round_.timeout_s:
                     break  # the watch has taken this process for dead: its runner starts anew
+                # temporalio's own beat too (it cancels an attempt that sends none); here, in the
+                # sentinel's context: ``send`` also runs in agent steps' (their entry beat)
+                activity.heartbeat()
                 with contextlib.suppress(asyncio.TimeoutError):
                     await asyncio.wait_for(self._stopping.wait(),
                                            min(every, max(0.0, end - loop.time())))

@@ -66,6 +66,7 @@ KEY_STATUS = SearchAttributeKey.for_keyword("RolloutsStatus")
 # At most this many children start in one workflow task (a task must finish within the 2 s
 # deadlock limit, also on a loaded box); then the run yields to a 1 ms timer.
 STARTS_PER_TASK = 100
+PATCH_EVENT_ORDER = "rollouts-in-event-order"  # rollouts counted in the order they ended
 # A streamed run continues-as-new before it accepts this many updates (Temporal allows 2,000).
 MAX_UPDATES_PER_RUN = 1000
 
@@ -80,6 +81,8 @@ class TasksetRun(StreamHandlers, FanOut):
         self._window: dict[int, Task] = {}
         self._failed_on: str | None = None  # on_error="fail": set by the first unrecovered error
         self._touched = False  # a consumer acted (the linger timer starts again)
+        self._finished: list[asyncio.Task[RolloutResult]] = []  # rollouts, in the order they ended
+        self._event_order: bool | None = None  # PATCH_EVENT_ORDER, decided at the first count
         # Set here, not in run: an update in the first workflow task (a consumer registering
         # or acking right after start) is validated before run begins.
         self._policy = inp.policy
@@ -144,8 +147,10 @@ class TasksetRun(StreamHandlers, FanOut):
                                 break
                             continue
                         resolved[row_index] = task
-                    pending.append(asyncio.ensure_future(
-                        self._rollout(inp, task, row.slug, row_index, group_index, resample)))
+                    rollout = asyncio.ensure_future(
+                        self._rollout(inp, task, row.slug, row_index, group_index, resample))
+                    rollout.add_done_callback(self._finished.append)
+                    pending.append(rollout)
                     index = self._consume(slot, index)
                     progress.started += 1
                     progress.running += 1
@@ -306,12 +311,28 @@ class TasksetRun(StreamHandlers, FanOut):
         for cond in (ack, stop):
             if cond is not None and not cond.done():
                 cond.cancel()
-        for fut in sorted((f for f in done if f is not ack and f is not stop),
-                          key=lambda f: f.result().rollout_id):
+        for fut in self._in_order([f for f in done if f is not ack and f is not stop]):
             result = fut.result()
             results.append(result)
             self._progress.running -= 1
             self._count(inp, result)
+
+    def _in_order(self, done: list[asyncio.Task[RolloutResult]]) -> list[asyncio.Task[RolloutResult]]:
+        """``done`` in the order their rollouts ended: the order of the child-completion events in
+        history, whichever workflow task delivered them. A stream's group order (what consumers
+        are handed, by position) then never depends on how events were batched into tasks: a
+        consumer that read state a worker never committed (killed before its task completed)
+        reads the same sequence again from the retried task. Runs before the patch: by rollout
+        id within each wake-up, as they were recorded."""
+        if self._event_order is None:
+            self._event_order = workflow.patched(PATCH_EVENT_ORDER)
+        if not self._event_order:
+            return sorted(done, key=lambda f: f.result().rollout_id)
+        ended = set(done)
+        ordered = [f for f in self._finished if f in ended]
+        self._finished = [f for f in self._finished if f not in ended]
+        seen = set(ordered)  # every one of ``done``, by construction (callbacks run first)
+        return ordered + sorted((f for f in done if f not in seen), key=lambda f: f.result().rollout_id)
 
     def _until(self, inp: TasksetRunInput, index: int, total: int) -> int:
         """The batch's slots: ``total``; an open-ended one (``epochs=None``) ends with the group

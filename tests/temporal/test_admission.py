@@ -93,20 +93,26 @@ async def test_three_workers_hold_two_provisions_per_second_and_five_live_substr
     job_id = handle.job.id
     ids = [rollout_id(job_id, row.slug, gi) for row in rows for gi in range(GROUP)]
 
-    # the last rollout waits: its phase and RolloutsStatus say so, and so does `rollouts show`
-    last = client.get_workflow_handle(ids[-1])
-    phase: dict[str, object] = {}
-    for _ in range(100):
-        try:
-            phase = await last.query("phase")
-        except Exception:  # not started yet
-            phase = {}
-        if phase.get("phase") == "waiting for admission":
-            break
+    # a rollout that waits says so in its phase and its Web UI details (read while it waits:
+    # which rollouts ask first, and so wait least, is up to the workers), as RolloutsStatus and
+    # `rollouts show` do below
+    seen: tuple[str, str] | None = None
+    deadline = time.monotonic() + 30
+    while seen is None and time.monotonic() < deadline:
+        for wid in reversed(ids):
+            handle_ = client.get_workflow_handle(wid)
+            try:
+                phase = (await handle_.query("phase")).get("phase")
+                if phase != "waiting for admission":
+                    continue
+                meta = await handle_.query("__temporal_workflow_metadata", result_type=WorkflowMetadata)
+            except Exception:  # not started yet
+                continue
+            if "waiting for admission" in meta.current_details:  # still waiting when read
+                seen = (wid, meta.current_details)
+                break
         await asyncio.sleep(0.1)
-    assert phase.get("phase") == "waiting for admission", phase
-    details = await last.query("__temporal_workflow_metadata", result_type=WorkflowMetadata)
-    assert "waiting for admission" in details.current_details, details  # the Web UI shows it
+    assert seen is not None, "no rollout showed it waits for admission"  # the Web UI shows it
     shown = await load_job(client, job_id)
     assert "waiting" in {r.status for r in shown.runs}, sorted({r.status for r in shown.runs})
 

@@ -93,7 +93,8 @@ async def test_a_dead_workers_agent_step_runs_again_within_30_s(client, task_que
     agent_steps = [e.activity_task_scheduled_event_attributes for e in history.events
                    if e.HasField("activity_task_scheduled_event_attributes")
                    and e.activity_task_scheduled_event_attributes.activity_type.name == "rollouts.agent"]
-    assert [a.heartbeat_timeout.ToTimedelta().total_seconds() for a in agent_steps] == [300.0, 300.0]
+    # the schedule after a lost worker heartbeats as without the watch (a hung worker's polls)
+    assert [a.heartbeat_timeout.ToTimedelta().total_seconds() for a in agent_steps] == [300.0, 20.0]
     kinds = [e.WhichOneof("attributes") for e in history.events]
     assert "activity_task_cancel_requested_event_attributes" in kinds
     assert "activity_task_timed_out_event_attributes" not in kinds
