@@ -248,7 +248,27 @@ class Taskset:
         ``epochs`` and ``seed`` (the rows N times, each epoch in its own order from the seed),
         ``page_size`` (groups every registered consumer acknowledged leave the batch's state in
         pages of this many, to ``ROLLOUTS_STORAGE``; default ``ROLLOUTS_STREAM_PAGE_SIZE``).
+
+        ``job=<a running live job>`` adds these rows to that job instead (``LiveJob.add``): its
+        agent, runtime and group run them, and its stream delivers them after the rows it has;
+        only ``epochs`` and ``seed`` are this call's own (options of the job itself, like
+        ``max_in_flight``, are one clear error). Returns that job.
         """
+        job = kwargs.pop("job", None)
+        if job is not None and callable(getattr(job, "add", None)):  # a LiveJob: further rows
+            fixed = {"max_concurrent": max_concurrent != 16, "max_in_flight": max_in_flight is not None,
+                     "max_staleness": max_staleness is not None, "on_error": on_error != "keep",
+                     "retries": retries != 0}
+            own = ("epochs", "seed", "worker", "task_queue")  # the live job already has its connection
+            extra = [k for k, v in fixed.items() if v] + [k for k in kwargs if k not in own]
+            kwargs = {k: v for k, v in kwargs.items() if k in ("epochs", "seed")}
+            if extra:
+                raise ConfigError(f"{', '.join(extra)}: set when job {job.id} started; rows added to it "
+                                  "take only epochs= and seed=")
+            await job.add(self, agent, runtime=runtime, group=group, **kwargs)
+            return job
+        if job is not None:
+            kwargs["job"] = job
         start_live = importlib.import_module(LIVE_JOBS).start_live
         runtime = resolve_placement(runtime, self)
         check_taskset_flags(self, group=Job.batch_group(group, None), runtime=runtime)

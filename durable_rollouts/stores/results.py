@@ -55,11 +55,21 @@ class ResultStore:
         """Rows ``start:stop`` of a batch: from paged rows (``row_pages``: a manifest, maybe
         several epochs; only the pages the window touches are read) or one JSONL blob (earlier
         releases)."""
-        data = ResultStore._read(uri)
-        if row_pages.is_manifest(data):
-            return row_pages.read(data, start, stop, ResultStore._read)
-        lines = data.decode().splitlines()[start:stop]
-        return [Task.model_validate_json(line) for line in lines]
+        return row_pages.read_any(ResultStore._read(uri), start, stop, ResultStore._read)
+
+    def extend_rows(self, base_ref: str | None, base_rows: list[Task], base_total: int, added_ref: str,
+                    added_total: int) -> str:
+        """Store the chain of a batch's rows so far (``base_ref``, else the inline ``base_rows``,
+        paged first) and ``added_total`` positions of ``added_ref`` (``row_pages.extend``).
+        Returns the chain's uri."""
+        store = self._store()
+        base = None
+        if base_ref is None:
+            base_ref = store.put(row_pages.manifest_bytes(row_pages.put_pages(base_rows, store.put)))
+        else:
+            base = ResultStore._read(base_ref)
+        chain = row_pages.extend(base, base_ref, base_total, added_ref, added_total)
+        return store.put(chain.model_dump_json().encode())
 
     @staticmethod
     def get(ref: ResultsRef) -> list[RolloutResult]:

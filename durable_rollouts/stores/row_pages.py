@@ -16,6 +16,11 @@ window of positions reads one or two pages). A row of epoch ``e >= 1`` gets the 
 ``<slug>-e<e>``: its rollouts (whose ids derive from the slug) and its group are new ones, while
 ``Run.group_index`` stays ``0..group-1``. Pure apart from :func:`put_pages`' writes; the reader
 gets a ``read_blob`` function.
+
+A live job that takes further rows (``LiveJob.add``, ``Taskset.start(..., job=live)``) reads a
+:class:`RowChain` instead: its earlier rows, then each addition's manifest, one after another.
+Positions keep their rows as the chain grows; the ``k``-th addition's rows get the slug suffix
+``-a<k>``, so a taskset added twice runs as new rollouts and groups.
 """
 
 from __future__ import annotations
@@ -30,13 +35,14 @@ from pydantic import BaseModel, ConfigDict, Field
 from ..errors import ConfigError
 from ..models import Task
 
-__all__ = ["MAX_EPOCHS", "PAGE_BYTES", "PAGE_ROWS", "RowPages", "check_epochs", "is_manifest",
-           "manifest_bytes", "put_pages", "read"]
+__all__ = ["MAX_EPOCHS", "PAGE_BYTES", "PAGE_ROWS", "ChainPart", "RowChain", "RowPages", "check_epochs",
+           "extend", "is_manifest", "manifest_bytes", "put_pages", "read", "read_any"]
 
 PAGE_ROWS = 1000
 PAGE_BYTES = 1 << 20
 MAX_EPOCHS = 1_000_000
 _MARK = b'{"kind":"row-pages"'
+_CHAIN_MARK = b'{"kind":"row-chain"'
 
 
 class RowPages(BaseModel):
@@ -100,7 +106,43 @@ def manifest_bytes(manifest: RowPages) -> bytes:
 
 
 def is_manifest(data: bytes) -> bool:
-    return data.startswith(_MARK)
+    """Paged rows (a manifest or a chain of them), not the one JSONL blob of earlier releases."""
+    return data.startswith(_MARK) or data.startswith(_CHAIN_MARK)
+
+
+class ChainPart(BaseModel):
+    """One run of positions of a :class:`RowChain`: ``total`` positions of the blob ``ref`` (a
+    manifest, or the JSONL rows of earlier releases), their slugs suffixed with ``suffix``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    ref: str
+    total: int = Field(ge=1)
+    suffix: str = ""
+
+
+class RowChain(BaseModel):
+    """A live job's rows after further rows were added: its parts' positions, in order."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    kind: Literal["row-chain"] = "row-chain"
+    parts: list[ChainPart]
+
+    @property
+    def total(self) -> int:
+        return sum(p.total for p in self.parts)
+
+
+def extend(base: bytes | None, base_ref: str, base_total: int, added_ref: str, added_total: int) -> RowChain:
+    """The chain of a job's rows (``base``: the blob at ``base_ref`` with ``base_total``
+    positions; a chain already, or not) followed by ``added_total`` positions of ``added_ref``,
+    whose slugs get ``-a<k>`` for the k-th addition."""
+    if base is not None and base.startswith(_CHAIN_MARK):
+        parts = list(RowChain.model_validate_json(base).parts)
+    else:
+        parts = [ChainPart(ref=base_ref, total=base_total)]
+    return RowChain(parts=[*parts, ChainPart(ref=added_ref, total=added_total, suffix=f"a{len(parts)}")])
 
 
 def _order(manifest: RowPages, epoch: int) -> tuple[list[int], list[int]]:
@@ -121,6 +163,28 @@ def _within(manifest: RowPages, epoch: int, page: int) -> list[int]:
     if manifest.seed is not None:
         random.Random(f"{manifest.seed}:{epoch}:{page}").shuffle(offsets)
     return offsets
+
+
+def read_any(data: bytes, start: int, stop: int, read_blob: Callable[[str], bytes]) -> list[Task]:
+    """Rows ``start..stop`` of any rows blob: a chain, a manifest, or JSONL rows (earlier releases)."""
+    if data.startswith(_CHAIN_MARK):
+        return _read_chain(RowChain.model_validate_json(data), start, stop, read_blob)
+    if data.startswith(_MARK):
+        return read(data, start, stop, read_blob)
+    return [Task.model_validate_json(line) for line in data.decode().splitlines()[max(start, 0):stop]]
+
+
+def _read_chain(chain: RowChain, start: int, stop: int, read_blob: Callable[[str], bytes]) -> list[Task]:
+    out: list[Task] = []
+    at = 0
+    for part in chain.parts:
+        lo, hi = max(start, at), min(stop, at + part.total)
+        if lo < hi:
+            rows = read_any(read_blob(part.ref), lo - at, hi - at, read_blob)
+            out.extend(r.model_copy(update={"slug": f"{r.slug}-{part.suffix}"}) if part.suffix else r
+                       for r in rows)
+        at += part.total
+    return out
 
 
 def read(data: bytes, start: int, stop: int, read_blob: Callable[[str], bytes]) -> list[Task]:

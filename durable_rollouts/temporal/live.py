@@ -7,6 +7,8 @@ yields them ``batch_size`` at a time; ``await batch.ack()`` records the acknowle
 batch's workflow (the ``stream_ack`` update), so a consumer that restarts under the same name
 gets every unacknowledged group again and never an acknowledged one, and no rollout runs again.
 ``job.set_policy(version, endpoint=...)`` is an update too: new rollouts sample with it.
+``job.add(taskset)`` (or ``Taskset.start(agent, job=job)``) gives the running job further rows:
+one job, one stream, for as long as a trainer runs.
 Imports temporalio, the workflow names and models, and the sdk's Job/Run; never the CLI.
 """
 
@@ -15,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import time
+import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -33,6 +36,7 @@ from ..sdk.job import Job
 from ..sdk.run import Run
 from ..settings import settings
 from ..stores.tracestore import TraceStore
+from ..stores.row_pages import check_epochs
 from ..workflows import TasksetRun, TasksetRunInput, TasksetRunResult, workflow_id
 from ..workflows.stream import (
     SEALED,
@@ -44,7 +48,8 @@ from ..workflows.stream import (
     StreamView,
     check_consumer,
 )
-from .batches import JobHandle, _client, _ensure_worker, start_job
+from ..workflows.types import AddedRows, AddRows
+from .batches import JobHandle, _client, _ensure_worker, _put_pages, start_job
 from .jobs import run_from_result
 from .stream_reader import Chunk, JobClosedError, StreamReader
 
@@ -242,6 +247,42 @@ class LiveJob(Job):
         except JobClosedError:
             return await StreamReader(self, consumer)._close()
 
+    async def add(self, taskset: Any, agent: Any = None, *, runtime: Any = None, group: int | None = None,
+                  epochs: int = 1, seed: int | None = None) -> AddedRows:
+        """Give the running job further rows: ``taskset``'s rows (``epochs`` times, each epoch in
+        its own order from ``seed``), run ``group`` times each by the job's agent on its runtime,
+        after the rows it has, and streamed to its consumers like them. Returns where they went
+        (``first``: their first position; ``rollouts``: how many they add). A row added again
+        is a new group (its slug gets ``-a<k>`` for the k-th add).
+
+        ``agent``, ``runtime`` and ``group``, when given, must be the job's own.
+
+        Raises:
+            ConfigError: bad input, or a job that takes no further rows (closed, failed, or
+                ``epochs=None``); JobClosedError: the job has finished.
+        """
+        from ..sdk.agents import as_agent  # the sdk's, imported when used
+        from ..sdk.taskset import register_taskset, taskset_class_path
+
+        if epochs is None:
+            raise ConfigError("epochs=None: rows added to a running job run a whole number of epochs")
+        check_epochs(epochs, seed)
+        if seed is None and epochs != 1:
+            seed = 0
+        rows = list(taskset)
+        if not rows:
+            raise ConfigError(f"taskset {getattr(taskset, 'name', '?')!r} has no rows")
+        register_taskset(taskset)  # an in-process worker resolves its rows with the live object
+        request = AddRows(
+            id=uuid.uuid4().hex, positions=len(rows) * epochs, group=group,
+            rows_ref=await asyncio.to_thread(_put_pages, rows, epochs, seed),
+            agent=as_agent(agent).spec() if agent is not None else None,
+            provider=runtime.spec() if runtime is not None else None,
+            taskset_class=taskset_class_path(taskset))
+        added = AddedRows.model_validate(await self._update("stream_add", request))
+        self.handle.rows_ref = added.rows_ref  # wait() maps every position to its row
+        return added
+
     async def close(self) -> None:
         """Let the batch finish once its rollouts are done, even if consumers lag."""
         await self._update("stream_close", None)
@@ -329,7 +370,8 @@ async def attach(job_id: str, *, temporal: Any = None, worker: bool | None = Non
     job = Job(id=job_id, name=inp.job_name or job_id, group=inp.group, taskset=inp.taskset_name)
     job.batches = batch_index + 1
     workflow = client.get_workflow_handle(desc.id, result_type=TasksetRunResult)
-    handle = JobHandle(job=job, batch_index=batch_index, handle=workflow, rows=list(inp.rows))
+    handle = JobHandle(job=job, batch_index=batch_index, handle=workflow, rows=list(inp.rows),
+                       rows_ref=inp.rows_ref)
     queue = task_queue or inp.task_queue
     if worker if worker is not None else embedded:
         handle.relet = lambda: _ensure_worker(client, queue, inp.max_concurrent)

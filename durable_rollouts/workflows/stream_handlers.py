@@ -5,9 +5,11 @@ a new group may start (``max_in_flight``), and lingering once every rollout is d
 
 Consumers read finished groups with the ``stream_view`` query (no history written), register
 and acknowledge with updates (``stream_register``, ``stream_ack``), and the trainer publishes its
-policy with ``set_policy``; ``stream_close`` lets a lingering batch finish. Every handler is
-synchronous and adds no command, so histories of batches without a stream replay unchanged.
-Validators reject bad input before anything is recorded (a bad ack never harms the job).
+policy with ``set_policy``; ``stream_close`` lets a lingering batch finish. Those handlers are
+synchronous and add no command, so histories of batches without a stream replay unchanged.
+``stream_add`` (further rows for the running job, ``LiveJob.add``) runs one activity: it chains
+the added rows after the batch's own in storage. Validators reject bad input before anything is
+recorded (a bad ack never harms the job).
 """
 
 from __future__ import annotations
@@ -38,9 +40,18 @@ with workflow.unsafe.imports_passed_through():
         StreamManifestInput,
         StreamPageInput,
     )
-    from durable_rollouts.workflows.types import TasksetRunInput
+    from durable_rollouts.workflows.types import (
+        ACT_EXTEND_ROWS,
+        AddedRows,
+        AddRows,
+        ExtendRowsInput,
+        Progress,
+        TasksetRunInput,
+    )
 
-__all__ = ["StreamHandlers"]
+__all__ = ["ADDS_REMEMBERED", "StreamHandlers"]
+
+ADDS_REMEMBERED = 100  # the latest adds' ids a run keeps (a resent add is taken once)
 
 
 class StreamHandlers:
@@ -52,6 +63,11 @@ class StreamHandlers:
     _stream_updates = 0  # updates this run accepted (a run takes at most 2,000)
     _touched = False  # a consumer acted since the batch started lingering
     _paging = False  # acknowledged groups leave the state in pages (``stream_paging``)
+    _inp: TasksetRunInput  # the run's input (the workflow's); ``stream_add`` grows its rows
+    _progress: Progress | None = None
+    _adding = False  # an add is chaining its rows (the run must not close under it)
+    _grew = False  # rows were added in this run (it continues as new, so its input names them)
+    _additions = 0  # adds taken in this run (wakes a run waiting on its rollouts)
 
     # -- slots: what to start next (the batch's own, or a re-sampled group's) -------------------
 
@@ -170,20 +186,23 @@ class StreamHandlers:
         should continue as new first (a long history)."""
         assert self._stream is not None
         stream = self._stream
-        while not (stream.closed or stream.caught_up()):
+        while not (stream.closed or stream.caught_up()) or self._adding:
             await self._page_out(inp)
-            if self._too_long(inp):
+            if self._too_long(inp) or self._grew:
                 return True
             self._touched = False
             try:
                 await workflow.wait_condition(
-                    lambda: stream.closed or stream.caught_up() or self._touched or self._too_long(inp),
+                    lambda: (stream.closed or stream.caught_up() or self._touched or self._too_long(inp)
+                             or self._adding or self._grew),
                     timeout=timedelta(seconds=stream.options.linger_s))
             except asyncio.TimeoutError:
                 workflow.logger.warning("batch %s: consumers did not catch up within %.0f s; closing",
                                         workflow.info().workflow_id, stream.options.linger_s)
                 return False
-        return False
+            if self._adding:  # rows are being added: the run goes on with them
+                await workflow.wait_condition(lambda: not self._adding)
+        return self._grew
 
     def _too_long(self, inp: TasksetRunInput) -> bool:  # the workflow's
         raise NotImplementedError
@@ -253,6 +272,67 @@ class StreamHandlers:
         if self._policy is not None and policy.version < self._policy.version:
             raise ValueError(f"policy version {policy.version} is behind the job's current "
                              f"version {self._policy.version}: versions only go forward")
+
+    @workflow.update(name="stream_add")
+    async def stream_add(self, req: AddRows) -> AddedRows:
+        """Further rows for this job (``LiveJob.add``): chained after its own rows in storage,
+        started in order after them, streamed like them. The same request id is taken once."""
+        self._stream_updates += 1
+        inp = self._inp
+        for record in inp.added:  # "<id>:<first>:<positions>" of recent adds
+            rid, first, positions = record.rsplit(":", 2)
+            if rid == req.id:  # the caller sent it again (a lost reply): nothing more to add
+                return AddedRows(first=int(first), positions=int(positions),
+                                 rollouts=int(positions) * inp.group, rows_ref=inp.rows_ref or "",
+                                 total_rows=self._row_count(inp))
+        await workflow.wait_condition(lambda: not self._adding)  # one add at a time
+        self._adding = True
+        try:
+            first = self._row_count(inp)
+            chain = await workflow.execute_activity(
+                ACT_EXTEND_ROWS, ExtendRowsInput(base_ref=inp.rows_ref, base_rows=inp.rows,
+                                                 base_total=first, added_ref=req.rows_ref,
+                                                 added_total=req.positions),
+                result_type=str, start_to_close_timeout=timedelta(minutes=2),
+                retry_policy=RetryPolicy(maximum_attempts=10, maximum_interval=timedelta(seconds=30)))
+            inp.rows_ref, inp.rows, inp.total_rows = chain, [], first + req.positions
+            inp.added = [*inp.added, f"{req.id}:{first}:{req.positions}"][-ADDS_REMEMBERED:]
+            if self._progress is not None:
+                self._progress.total += req.positions * inp.group
+            self._rollouts_done = False
+            self._grew = True
+            self._additions += 1
+            self._touched = True
+            return AddedRows(first=first, positions=req.positions, rollouts=req.positions * inp.group,
+                             rows_ref=chain, total_rows=first + req.positions)
+        finally:
+            self._adding = False
+
+    @stream_add.validator
+    def _check_add(self, req: AddRows) -> None:
+        stream = self._need_stream()
+        stream.check_open()
+        inp = self._inp
+        job = workflow.info().workflow_id
+        if stream.closed or self._failed_on is not None:
+            raise ValueError(f"job {job} was closed{' by on_error=fail' if self._failed_on else ''}: "
+                             "it takes no further rows; start a new job")
+        if inp.open_ended:
+            raise ValueError(f"job {job} runs its rows until it is closed (epochs=None): "
+                             "it takes no further rows")
+        if req.group is not None and req.group != inp.group:
+            raise ValueError(f"group={req.group}: job {job} runs every row {inp.group} times; "
+                             "rows added to it do too")
+        for what, mine, theirs in (("agent", inp.agent, req.agent), ("runtime", inp.provider, req.provider)):
+            if theirs is not None and theirs != mine:
+                raise ValueError(f"the {what} differs from job {job}'s: rows added to a job run with "
+                                 f"its own {what}")
+        if req.taskset_class != inp.taskset_class:
+            raise ValueError(f"job {job} resolves its rows with {inp.taskset_class or 'a plain Taskset'}; "
+                             f"rows of {req.taskset_class or 'a plain Taskset'} cannot join it")
+
+    def _row_count(self, inp: TasksetRunInput) -> int:  # the workflow's
+        raise NotImplementedError
 
     @workflow.update(name="stream_close")
     def stream_close(self) -> bool:

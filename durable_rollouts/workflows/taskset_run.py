@@ -83,6 +83,7 @@ class TasksetRun(StreamHandlers, FanOut):
         self._touched = False  # a consumer acted (the linger timer starts again)
         self._finished: list[asyncio.Task[RolloutResult]] = []  # rollouts, in the order they ended
         self._event_order: bool | None = None  # PATCH_EVENT_ORDER, decided at the first count
+        self._inp = inp  # the run's input; an add (``stream_add``) grows its rows in place
         # Set here, not in run: an update in the first workflow task (a consumer registering
         # or acking right after start) is validated before run begins.
         self._policy = inp.policy
@@ -97,6 +98,7 @@ class TasksetRun(StreamHandlers, FanOut):
 
     @workflow.run
     async def run(self, inp: TasksetRunInput) -> TasksetRunResult:
+        inp = self._inp  # the same input; an add taken before run began already grew it
         total = self._total(inp)
         first = inp.next_index if inp.part is not None else 0  # a part counts its own slots
         progress = inp.progress or Progress(job_id=inp.job_id, batch_index=inp.batch_index,
@@ -122,7 +124,7 @@ class TasksetRun(StreamHandlers, FanOut):
                     for start in range(0, len(results), FLUSH_CHUNK):
                         refs.append(await self._flush(inp, results[start:start + FLUSH_CHUNK], len(refs)))
                     results = []
-            while self._more(index, total := self._until(inp, index, total)) or pending:
+            while self._more(index, total := self._until(inp, index, self._total(inp))) or pending:
                 if self._failed_on is not None:  # on_error="fail": cancel the rest (teardown runs)
                     index = await self._fail_rest(inp, pending, index, total, results)
                     pending = []
@@ -162,7 +164,7 @@ class TasksetRun(StreamHandlers, FanOut):
                 if not pending:
                     if self._held(index, total, inp):  # wait for an ack (or a long history)
                         await workflow.wait_condition(
-                            lambda: not self._held(index, self._until(inp, index, total), inp))
+                            lambda: not self._held(index, self._until(inp, index, self._total(inp)), inp))
                         continue
                     break
                 await self._collect(inp, pending, results, gate=self._held_back(index, total))
@@ -173,7 +175,9 @@ class TasksetRun(StreamHandlers, FanOut):
             await self._cancel_children(inp, pending)
             raise
 
-        carry = self._more(index, total)  # history is getting long: carry state into a fresh run
+        # History is getting long, or rows were added (the next run's input then names them, for
+        # every reader of the job): carry state into a fresh run.
+        carry = self._more(index, self._until(inp, index, self._total(inp))) or self._grew
         if not carry and self._stream is not None and self._failed_on is None:
             self._rollouts_done = True
             carry = await self._linger(inp)  # consumers catch up (True: continue as new first)
@@ -197,6 +201,7 @@ class TasksetRun(StreamHandlers, FanOut):
             for start in range(0, len(results), FLUSH_CHUNK):
                 refs.append(await self._flush(inp, results[start:start + FLUSH_CHUNK], len(refs)))
             results = []
+        await workflow.wait_condition(workflow.all_handlers_finished)  # an add's rows are in ``inp``
         carry = inp.model_copy(update={
             "next_index": index, "results": results, "result_refs": refs,
             # only groups that still have rollouts to start need their resolved task
@@ -204,7 +209,6 @@ class TasksetRun(StreamHandlers, FanOut):
                          if index < self._total(inp) and r >= self._slot(inp, index)[0]},
             "progress": progress, "stream_state": self._stream, "policy": self._policy,
         })
-        await workflow.wait_condition(workflow.all_handlers_finished)
         workflow.continue_as_new(carry)
 
     def _count(self, inp: TasksetRunInput, result: RolloutResult) -> None:
@@ -307,11 +311,16 @@ class TasksetRun(StreamHandlers, FanOut):
         if inp.part is not None and self._failed_on is None:  # a sibling part's stop_batch wakes us
             stop = asyncio.ensure_future(workflow.wait_condition(lambda: self._failed_on is not None))
             waits.append(stop)
+        grown = None
+        if self._stream is not None:  # rows added (``stream_add``) may start in the free slots
+            seen = self._additions
+            grown = asyncio.ensure_future(workflow.wait_condition(lambda: self._additions != seen))
+            waits.append(grown)
         done, _ = await workflow.wait(waits, return_when=asyncio.FIRST_COMPLETED)
-        for cond in (ack, stop):
+        for cond in (ack, stop, grown):
             if cond is not None and not cond.done():
                 cond.cancel()
-        for fut in self._in_order([f for f in done if f is not ack and f is not stop]):
+        for fut in self._in_order([f for f in done if f is not ack and f is not stop and f is not grown]):
             result = fut.result()
             results.append(result)
             self._progress.running -= 1
@@ -351,7 +360,7 @@ class TasksetRun(StreamHandlers, FanOut):
         return inp.stop_index if inp.stop_index is not None else cls._row_count(inp) * inp.group
 
     @staticmethod
-    def _row_count(inp: TasksetRunInput) -> int:
+    def _row_count(inp: TasksetRunInput) -> int:  # positions (rows x epochs), added rows included
         return inp.total_rows if inp.rows_ref is not None and inp.total_rows is not None else len(inp.rows)
 
     async def _row(self, inp: TasksetRunInput, index: int) -> Task:

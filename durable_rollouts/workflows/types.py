@@ -33,6 +33,7 @@ __all__ = [
     "ACT_CONNECT",
     "ACT_GRADE",
     "ACT_CLOSE",
+    "ACT_EXTEND_ROWS",
     "ACT_LOAD_ROWS",
     "ACT_OPEN",
     "ACT_PROVISION",
@@ -57,6 +58,9 @@ __all__ = [
     "CARD_LAYOUT",
     "MAX_CONCURRENT",
     "NON_RETRYABLE",
+    "AddRows",
+    "AddedRows",
+    "ExtendRowsInput",
     "LoadRowsInput",
     "Progress",
     "ResolveGroupInput",
@@ -82,6 +86,7 @@ runs as parts (``workflows.fan_out``), each a child TasksetRun under Temporal's 
 ACT_RESOLVE = "rollouts.resolve_group"
 ACT_STORE_RESULTS = "rollouts.store_results"
 ACT_LOAD_ROWS = "rollouts.load_rows"
+ACT_EXTEND_ROWS = "rollouts.extend_rows"
 ACT_PROVISION = "rollouts.provision"
 ACT_CONNECT = "rollouts.connect"
 ACT_START = "rollouts.start"
@@ -226,6 +231,8 @@ class TasksetRunInput(_Model):
     stream: StreamOptions | None = None
     stream_state: StreamState | None = None
     policy: PolicyRef | None = None  # the policy new rollouts sample with (carried)
+    # Rows added to a streamed batch while it ran (``LiveJob.add``): their ids, taken once each.
+    added: list[str] = Field(default_factory=list)
     # The runtime's fleet-wide admission limits (None: provision as fast as slots allow).
     admission: Admission | None = None
 
@@ -302,6 +309,41 @@ class LoadRowsInput(_Model):
     uri: str
     start: int
     stop: int
+
+
+class ExtendRowsInput(_Model):
+    """A batch's rows so far (``base_ref``, or inline ``base_rows``) and the rows added after."""
+
+    base_ref: str | None = None
+    base_rows: list[Task] = Field(default_factory=list)
+    base_total: int
+    added_ref: str
+    added_total: int = Field(ge=1)
+
+
+class AddRows(_Model):
+    """Further rows for a running streamed batch (``LiveJob.add``): paged in storage first.
+
+    ``agent``, ``provider`` and ``taskset_class`` are what the caller would run them with; they
+    must be the batch's own (a batch runs one agent on one runtime)."""
+
+    id: str  # the call's own id: the same add sent again is taken once
+    rows_ref: str
+    positions: int = Field(ge=1)  # rows x epochs
+    group: int | None = None
+    agent: AgentSpec | None = None
+    provider: ProviderSpec | None = None
+    taskset_class: str | None = None
+
+
+class AddedRows(_Model):
+    """What an add did: its rows are positions ``first..first+positions`` of the batch."""
+
+    first: int
+    positions: int
+    rollouts: int
+    rows_ref: str  # the batch's rows now (a chain of what it had and the additions)
+    total_rows: int
 
 
 class StoreResultsInput(_Model):

@@ -120,30 +120,6 @@ async def test_bad_epochs_are_one_clear_error_and_start_nothing(client, task_que
     assert "\n" not in str(err.value)
 
 
-async def test_a_further_start_on_the_same_job_is_its_next_batch(client, task_queue) -> None:
-    """``taskset.start(..., job=live)``: the same job id, batch ``-b1``, streamed on its own."""
-    async with session():
-        first = await _taskset(2).start(FixedAgent(answer="x"), runtime=LocalRuntime(ENV_FILE),
-                                        epochs=2, temporal=client, worker=True, task_queue=task_queue,
-                                        consumers=["trainer"], linger_s=60)
-        second = await _taskset(3).start(FixedAgent(answer="x"), runtime=LocalRuntime(ENV_FILE),
-                                         job=first, temporal=client, worker=True, task_queue=task_queue,
-                                         consumers=["trainer"], linger_s=60)
-        counts = []
-        for live in (first, second):
-            seen = 0
-            async for batch in live.stream(consumer="trainer", batch_size=1):
-                seen += len(batch.groups)
-                await batch.ack()
-            counts.append(seen)
-        # a streamed batch closes once its consumers are done and its last pages are written (an
-        # activity): wait for that while this process's worker still runs
-        view = await get_job(first.id, temporal=client, wait=True)
-    assert second.id == first.id and counts == [4, 3]
-    assert await client.get_workflow_handle(workflow_id(first.id, 1)).describe()
-    assert len(view.runs) == 7 and {r.status for r in view.runs} == {"succeeded"}
-
-
 async def test_resume_re_runs_an_epochs_batchs_errored_rollouts_under_their_own_ids(
         client, task_queue) -> None:
     """Every position of every epoch keeps its rollout id, so a resume replaces exactly the

@@ -86,3 +86,20 @@ def test_bad_epochs_are_one_clear_error(epochs: object) -> None:
 def test_a_bad_seed_is_one_clear_error() -> None:
     with pytest.raises(ConfigError, match="seed"):
         check_epochs(2, "x")
+
+
+def test_a_chain_reads_each_parts_positions_in_order_with_the_adds_suffix() -> None:
+    store = Store()
+    base = store.put(manifest_bytes(put_pages(rows(3), store.put, epochs=2, seed=1)))
+    added = store.put(manifest_bytes(put_pages(rows(2), store.put)))
+    chain = row_pages.extend(store.get(base), base, 6, added, 2)
+    again = row_pages.extend(chain.model_dump_json().encode(), "chain", 8, added, 2)
+    assert [p.suffix for p in again.parts] == ["", "a1", "a2"] and again.total == 10
+    data = again.model_dump_json().encode()
+    assert is_manifest(data)
+    got = row_pages.read_any(data, 0, 10, store.get)
+    assert got[:6] == read(store.get(base), 0, 6, store.get)  # the job's own positions keep their rows
+    first, second = (r.slug for r in rows(2))
+    assert [r.slug for r in got[6:]] == [f"{first}-a1", f"{second}-a1", f"{first}-a2", f"{second}-a2"]
+    assert [r.args["i"] for r in got[6:]] == [0, 1, 0, 1]
+    assert [r.slug for r in row_pages.read_any(data, 5, 8, store.get)] == [got[5].slug, *[r.slug for r in got[6:8]]]
