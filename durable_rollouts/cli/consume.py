@@ -202,6 +202,26 @@ async def close_stream(args: StreamArgs, out: Console) -> int:
     return 0
 
 
+async def add_rows(args: StreamArgs, tasks: str, epochs: int, seed: int | None, out: Console) -> int:
+    """``rollouts add``: the rows of ``tasks`` join the running job (``LiveJob.add``)."""
+    from durable_rollouts.cli.specs import add_cwd_to_path, load_tasks
+    from durable_rollouts.stores.row_pages import check_epochs
+    from durable_rollouts.temporal.live import JobClosedError
+
+    check_epochs(epochs, seed)
+    add_cwd_to_path()
+    taskset = load_tasks(tasks)  # before connecting: a bad file changes nothing
+    job = await _attach(args, for_reading=False)
+    try:
+        added = await job.add(taskset, epochs=epochs, seed=seed)
+    except JobClosedError as exc:
+        raise ConfigError(f"job {job.id} has closed: it takes no further rows ({exc})") from None
+    out.print(f"job {job.id}: {added.rollouts} rollouts added ({added.positions} rows from position "
+              f"{added.first}); its stream delivers them after the groups it has", highlight=False,
+              soft_wrap=True)
+    return 0
+
+
 async def unregister_consumer(args: StreamArgs, out: Console) -> int:
     """``--unregister``: the job stops holding groups for ``--consumer`` (its cursor is kept)."""
     name = _consumer_name(args, "--unregister needs --consumer NAME: the consumer to stop holding groups for")

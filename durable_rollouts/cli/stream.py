@@ -1,6 +1,7 @@
-"""``rollouts stream``: consume a streamed job's finished groups as JSON lines, acking each batch.
+"""``rollouts stream``: consume a streamed job's finished groups as JSON lines, acking each batch;
+``rollouts add``: give a running streamed job further rows.
 
-A thin typer function; the body lives in ``cli.consume`` (imported lazily).
+Thin typer functions; the bodies live in ``cli.consume`` (imported lazily).
 """
 
 from __future__ import annotations
@@ -86,3 +87,25 @@ def stream(
         drive(lambda out, err: unregister_consumer(args, out))
     else:
         drive(lambda out, err: stream_job(args, err))
+
+
+_ADD_HELP = """Give the running streamed job JOB the rows of TASKS (a .py, .json or .jsonl file), EPOCHS times: they run after the rows it has, with its agent, runtime and group, and its stream delivers their groups to the same consumers, under the same cursors. A row added again is a new group (its slug gets -a<k> for the k-th add).
+
+Exit code: 0 the rows were added, 1 Temporal failed, 2 bad input: an unknown job, a job that does not stream, has closed or runs --epochs until closed, a bad tasks file or --epochs.
+"""
+
+
+@app.command("add", help=_ADD_HELP, epilog="Example:\n\n  rollouts add 3f2a9c... more_tasks.jsonl --epochs 2 --seed 1\n")
+def add(
+    job: Annotated[str, typer.Argument(help="job id (as printed by `rollouts run --detach --stream`)")],
+    tasks: Annotated[str, typer.Argument(help="tasks file: .py, .json or .jsonl")],
+    epochs: Annotated[int, typer.Option("--epochs", help="add the rows this many times, each epoch in its own order")] = 1,
+    seed: Annotated[int | None, typer.Option("--seed", help="seed of the epochs' orders (default 0 with --epochs)")] = None,
+    temporal: TemporalOption = None,
+    connect_timeout: ConnectTimeoutOption = 5.0,
+) -> None:
+    from durable_rollouts.cli.consume import StreamArgs, add_rows
+
+    args = StreamArgs(job=job, consumer=None, batch_size=1, output="-", traces=False,
+                      temporal=temporal, worker=False, connect_timeout=connect_timeout)
+    drive(lambda out, err: add_rows(args, tasks, epochs, seed, out))

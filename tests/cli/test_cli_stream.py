@@ -325,6 +325,36 @@ def test_a_job_that_does_not_stream_or_does_not_exist_is_exit_2(embedded_server,
     assert_one_line_error(rollouts("stream", f"job-{job_id}", "--close"), "does not stream")
 
 
+def test_rollouts_add_feeds_the_running_jobs_stream_and_a_closed_job_takes_nothing(
+        embedded_server, tmp_path, background_workers) -> None:
+    """`rollouts add JOB TASKS --epochs 2`: the rows run after the job's own and the same consumer
+    reads them in the same stream; once the job has closed an add is exit 2 and adds nothing."""
+    job_id = start_streamed(tasks_file(tmp_path, 2), background_workers, *FIXED, "--consumer", "cli")
+    more = tmp_path / "more"
+    more.mkdir()
+    added = rollouts("add", job_id, str(tasks_file(more, 3)), "--epochs", "2", "--seed", "1")
+    assert added.code == 0 and "12 rollouts added (6 rows from position 2)" in added.out, added.err
+    read = rollouts("stream", job_id, "--consumer", "cli", "--batch-size", "4", timeout=120)
+    assert read.code == 0, read.err
+    groups = lines_of(read.out)
+    assert len(groups) == 8 and sorted(g["row"] for g in groups) == list(range(8))
+    assert len({g["group_id"] for g in groups}) == 8 and all(g["size"] == 2 for g in groups)
+    assert sum(g["slug"].endswith("-a1") for g in groups) == 6  # the add's rows
+    assert sum(g["slug"].endswith("-e1-a1") for g in groups) == 3  # its second epoch
+    wait_until(lambda: status(job_id) == "completed", timeout=60, what="the job to close")
+    assert_one_line_error(rollouts("add", job_id, str(tasks_file(more, 1))), "has closed")
+    shown = rollouts("show", job_id, "--json").json()["rollouts"]
+    assert len(shown) == 16 and {r["status"] for r in shown} == {"succeeded"}  # nothing was added
+
+
+@pytest.mark.parametrize(("args", "needle"), [
+    (["add", "some-job", "no/such/tasks.jsonl"], "tasks file not found"),
+    (["add", "some-job", str(LETTERS), "--epochs", "0"], "epochs=0"),
+])
+def test_bad_add_input_is_one_error_line(args, needle) -> None:
+    assert_one_line_error(rollouts(*args), needle)
+
+
 def test_a_file_sink_skips_the_groups_it_holds_and_cuts_a_line_a_kill_left_short(tmp_path) -> None:
     """The file side of the redelivery rule, on a real file: groups of this job already in it are
     not written again, other jobs' lines are kept, a cut-off last line goes, a foreign file is
