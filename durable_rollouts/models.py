@@ -144,17 +144,18 @@ class RuntimeConfig(_Model):
 # Tasks
 
 
-def task_slug(id: str, args: dict[str, Any] | None) -> str:
+def task_slug(id: str, args: dict[str, Any] | None, digits: int = 8) -> str:
     """A row's default slug, derived exactly as HUD v6 derives it (results join across tools).
 
-    The id alone when ``args`` is empty; otherwise the id, ``-`` and the first 8 hex digits of
-    the SHA-1 of the args as ``json.dumps(args, sort_keys=True, default=str)`` (the standard
-    separators, ASCII escapes).
+    The id alone when ``args`` is empty; otherwise the id, ``-`` and the first ``digits`` (8)
+    hex digits of the SHA-1 of the args as ``json.dumps(args, sort_keys=True, default=str)`` (the
+    standard separators, ASCII escapes). A taskset gives a row whose 8 digits collide with an
+    earlier row's (likely past ~77,000 rows of one task id) 16, then 40 (``Taskset``).
     """
     if not args:
         return id
     text = json.dumps(args, sort_keys=True, default=str)
-    return f"{id}-{hashlib.sha1(text.encode(), usedforsecurity=False).hexdigest()[:8]}"
+    return f"{id}-{hashlib.sha1(text.encode(), usedforsecurity=False).hexdigest()[:digits]}"
 
 
 def _near_miss(key: str, known: Iterable[str]) -> str | None:

@@ -20,7 +20,7 @@ from pydantic import ValidationError
 
 from ..errors import ConfigError
 from ..hud_detect import is_hud_task, is_hud_taskset, missing_hud
-from ..models import Task
+from ..models import Task, task_slug
 from ..moved import import_path
 from .hud_compat import task_from_hud
 from .job import Job
@@ -59,6 +59,8 @@ class Taskset:
         self._tasks: dict[str, Task] = {}
         for row in tasks:
             task = _as_task(row)
+            if task.slug in self._tasks:
+                task = _longer_slug(task, self._tasks)
             if task.slug in self._tasks:
                 raise ConfigError(f"taskset {name!r}: duplicate task slug {task.slug!r}")
             self._tasks[task.slug] = task
@@ -279,6 +281,19 @@ class Taskset:
 
 
 _SKIP_STEMS = frozenset({"conftest", "setup", "__init__", "__main__"})  # not tasks in a directory
+
+
+def _longer_slug(task: Task, tasks: dict[str, Task]) -> Task:
+    """``task`` with a longer default slug (16, then 40 hex digits of its args' hash) when only
+    the 8 digits of its default one collide with an earlier, different row's; else ``task``."""
+    other = tasks[task.slug]
+    if task.slug != task_slug(task.id, task.args) or (other.id, other.args) == (task.id, task.args):
+        return task  # a slug the row carries, or the same row twice: a duplicate
+    for digits in (16, 40):
+        longer = task.model_copy(update={"slug": task_slug(task.id, task.args, digits)})
+        if longer.slug not in tasks:
+            return longer
+    return task
 
 
 def _as_task(row: Any, source: str | None = None) -> Task:
