@@ -65,7 +65,8 @@ class StreamHandlers:
     _paging = False  # acknowledged groups leave the state in pages (``stream_paging``)
     _inp: TasksetRunInput  # the run's input (the workflow's); ``stream_add`` grows its rows
     _progress: Progress | None = None
-    _adding = False  # an add is chaining its rows (the run must not close under it)
+    _adds = 0  # adds taken and not yet done (the run must not close under them)
+    _adding = False  # an add is chaining its rows (one at a time)
     _grew = False  # rows were added in this run (it continues as new, so its input names them)
     _additions = 0  # adds taken in this run (wakes a run waiting on its rollouts)
 
@@ -186,7 +187,7 @@ class StreamHandlers:
         should continue as new first (a long history)."""
         assert self._stream is not None
         stream = self._stream
-        while not (stream.closed or stream.caught_up()) or self._adding:
+        while not (stream.closed or stream.caught_up()) or self._adds:
             await self._page_out(inp)
             if self._too_long(inp) or self._grew:
                 return True
@@ -194,14 +195,14 @@ class StreamHandlers:
             try:
                 await workflow.wait_condition(
                     lambda: (stream.closed or stream.caught_up() or self._touched or self._too_long(inp)
-                             or self._adding or self._grew),
+                             or self._adds or self._grew),
                     timeout=timedelta(seconds=stream.options.linger_s))
             except asyncio.TimeoutError:
                 workflow.logger.warning("batch %s: consumers did not catch up within %.0f s; closing",
                                         workflow.info().workflow_id, stream.options.linger_s)
                 return False
-            if self._adding:  # rows are being added: the run goes on with them
-                await workflow.wait_condition(lambda: not self._adding)
+            if self._adds:  # rows are being added: the run goes on with them
+                await workflow.wait_condition(lambda: not self._adds)
         return self._grew
 
     def _too_long(self, inp: TasksetRunInput) -> bool:  # the workflow's
@@ -278,6 +279,18 @@ class StreamHandlers:
         """Further rows for this job (``LiveJob.add``): chained after its own rows in storage,
         started in order after them, streamed like them. The same request id is taken once."""
         self._stream_updates += 1
+        self._adds += 1  # before any await: a lingering run sees it and stays
+        try:
+            await workflow.wait_condition(lambda: not self._adding)  # one add at a time
+            self._adding = True
+            try:
+                return await self._add(req)
+            finally:
+                self._adding = False
+        finally:
+            self._adds -= 1
+
+    async def _add(self, req: AddRows) -> AddedRows:
         inp = self._inp
         for record in inp.added:  # "<id>:<first>:<positions>" of recent adds
             rid, first, positions = record.rsplit(":", 2)
@@ -285,28 +298,22 @@ class StreamHandlers:
                 return AddedRows(first=int(first), positions=int(positions),
                                  rollouts=int(positions) * inp.group, rows_ref=inp.rows_ref or "",
                                  total_rows=self._row_count(inp))
-        await workflow.wait_condition(lambda: not self._adding)  # one add at a time
-        self._adding = True
-        try:
-            first = self._row_count(inp)
-            chain = await workflow.execute_activity(
-                ACT_EXTEND_ROWS, ExtendRowsInput(base_ref=inp.rows_ref, base_rows=inp.rows,
-                                                 base_total=first, added_ref=req.rows_ref,
-                                                 added_total=req.positions),
-                result_type=str, start_to_close_timeout=timedelta(minutes=2),
-                retry_policy=RetryPolicy(maximum_attempts=10, maximum_interval=timedelta(seconds=30)))
-            inp.rows_ref, inp.rows, inp.total_rows = chain, [], first + req.positions
-            inp.added = [*inp.added, f"{req.id}:{first}:{req.positions}"][-ADDS_REMEMBERED:]
-            if self._progress is not None:
-                self._progress.total += req.positions * inp.group
-            self._rollouts_done = False
-            self._grew = True
-            self._additions += 1
-            self._touched = True
-            return AddedRows(first=first, positions=req.positions, rollouts=req.positions * inp.group,
-                             rows_ref=chain, total_rows=first + req.positions)
-        finally:
-            self._adding = False
+        first = self._row_count(inp)
+        chain = await workflow.execute_activity(
+            ACT_EXTEND_ROWS, ExtendRowsInput(base_ref=inp.rows_ref, base_rows=inp.rows, base_total=first,
+                                             added_ref=req.rows_ref, added_total=req.positions),
+            result_type=str, start_to_close_timeout=timedelta(minutes=2),
+            retry_policy=RetryPolicy(maximum_attempts=10, maximum_interval=timedelta(seconds=30)))
+        inp.rows_ref, inp.rows, inp.total_rows = chain, [], first + req.positions
+        inp.added = [*inp.added, f"{req.id}:{first}:{req.positions}"][-ADDS_REMEMBERED:]
+        if self._progress is not None:
+            self._progress.total += req.positions * inp.group
+        self._rollouts_done = False
+        self._grew = True
+        self._additions += 1
+        self._touched = True
+        return AddedRows(first=first, positions=req.positions, rollouts=req.positions * inp.group,
+                         rows_ref=chain, total_rows=first + req.positions)
 
     @stream_add.validator
     def _check_add(self, req: AddRows) -> None:
