@@ -4,13 +4,17 @@
 own (in storage: the workflow input names a chain of row manifests), run them with the job's
 agent, runtime and group, and its one stream delivers them after the groups it had, once each,
 to the same consumer cursor. An add that reaches a job lingering for a lagging consumer starts
-it again. Bad input is one clear error that changes nothing. Real dev server, real env servers.
+it again. Bad input is one clear error that changes nothing. Adds survive SIGKILLed workers.
+Real dev server, real env servers, real worker processes.
 """
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
-from temporal_helpers import ENV_FILE, CountingAgent, read_lines
+from temporal_helpers import ENV_FILE, CountingAgent, WorkerProcess, read_lines
+from temporalio.worker import Replayer
 
 from durable_rollouts import session
 from durable_rollouts.errors import ConfigError
@@ -19,9 +23,10 @@ from durable_rollouts.runtimes import LocalRuntime
 from durable_rollouts.sdk.agents import FixedAgent
 from durable_rollouts.sdk.taskset import Taskset
 from durable_rollouts.temporal.batches import get_job
+from durable_rollouts.temporal.codec import data_converter
 from durable_rollouts.temporal.jobs import describe
 from durable_rollouts.temporal.live import JobClosedError
-from durable_rollouts.workflows import workflow_id
+from durable_rollouts.workflows import Rollout, TasksetRun, workflow_id
 
 
 def _taskset(n: int, tag: str = "row") -> Taskset:
@@ -107,3 +112,63 @@ async def test_bad_adds_are_one_clear_error_and_change_nothing(client, task_queu
         with pytest.raises((JobClosedError, ConfigError)):
             await job.add(_taskset(1))  # the job has finished: nothing is added
     assert len(groups) == 2 and len(done.runs) == 4  # the refused adds ran nothing
+
+
+@pytest.mark.slow  # SIGKILLs the worker twice around adds (~30-60 s)
+@pytest.mark.timeout(300)
+async def test_adds_survive_worker_kills_each_group_once_no_rollout_run_twice(
+        client, dev_server, task_queue, tmp_path, monkeypatch) -> None:
+    """A worker SIGKILLed right after an add returned, and one killed while an add is in
+    flight: every added row runs, the consumer gets every group once, no rollout ran twice
+    except ones in flight on a killed worker (the agent logs its pid with every run), and every
+    run of the batch's history replays."""
+    monkeypatch.setenv("ROLLOUTS_QUEUE_TIMEOUT", "3")  # a killed worker's substrates: gone soon
+    monkeypatch.setenv("ROLLOUTS_AGENT_HEARTBEAT", "5")  # and its agent steps noticed soon
+    agents = tmp_path / "agents.log"
+    workers = [WorkerProcess(dev_server.address, task_queue)]
+    killed: list[int] = []
+
+    def kill_worker() -> None:
+        killed.append(workers[-1].pid)
+        workers[-1].kill()
+        workers.append(WorkerProcess(dev_server.address, task_queue))
+
+    try:
+        job = await _taskset(8).start(CountingAgent(answer="x", seconds=0.3, log=str(agents)),
+                                      runtime=LocalRuntime(ENV_FILE), group=2, max_concurrent=6,
+                                      temporal=client, worker=False, task_queue=task_queue,
+                                      consumers=["trainer"], linger_s=120)
+        groups: list[str] = []
+        adds: list[asyncio.Future] = []
+        async for batch in job.stream(consumer="trainer", batch_size=1):
+            groups.extend(g[0].group_id for g in batch.groups)
+            if len(groups) == 2:
+                await job.add(_taskset(6, "one"))
+                kill_worker()  # the add returned: it is in history, whoever runs the batch
+            if len(groups) == 6:
+                adds.append(asyncio.ensure_future(job.add(_taskset(6, "two"))))
+                await asyncio.sleep(0.05)
+                kill_worker()  # the add's update or its activity may be in flight
+            await batch.ack()
+        added = await asyncio.wait_for(adds[0], 60)
+        done = await asyncio.wait_for(job.wait(), 120)
+        wid = workflow_id(job.id)
+        replayer_runs = 0
+        replayer = Replayer(workflows=[TasksetRun, Rollout], data_converter=data_converter())
+        async for execution in client.list_workflows(f'WorkflowId="{wid}"'):
+            await replayer.replay_workflow(
+                await client.get_workflow_handle(wid, run_id=execution.run_id).fetch_history())
+            replayer_runs += 1
+    finally:
+        for worker in workers:
+            worker.stop()
+    assert added.first == 14 and len(killed) == 2
+    assert len(groups) == len(set(groups)) == 8 + 6 + 6  # every group once, the added ones too
+    final = sorted(r.rollout_id for r in done.runs)
+    assert len(final) == len(set(final)) == 40 and {r.status for r in done.runs} == {"succeeded"}
+    runs = [line.split() for line in read_lines(agents)]
+    assert sorted({rid for _, rid in runs}) == final
+    for rid in {r for _, r in runs}:
+        pids = [int(pid) for pid, r in runs if r == rid]
+        assert all(pid in killed for pid in pids[:-1]), (rid, pids, killed)
+    assert replayer_runs >= 2  # a run that took adds continues as new (its input names them)
