@@ -50,6 +50,7 @@ def test_the_same_row_twice_and_a_carried_slug_twice_are_still_duplicates() -> N
         Taskset("dup", [Task(env="e", id="a", slug="mine"), Task(env="e", id="b", slug="mine")])
 
 
+@pytest.mark.slow  # 200,000 rows (~3 s)
 def test_two_hundred_thousand_rows_of_one_task_id_load() -> None:
     rows = [{"env": "e", "id": "count", "args": {"word": f"w{i}rr", "letter": "r"}} for i in range(200_000)]
     tasks = Taskset("big", rows)

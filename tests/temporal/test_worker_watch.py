@@ -14,6 +14,7 @@ import signal
 import time
 from pathlib import Path
 
+import pytest
 from temporal_helpers import ENV_FILE, CountingAgent, async_wait_for, read_lines
 
 from durable_rollouts.models import Task
@@ -50,6 +51,7 @@ async def _wait_watches(client, pid: int, predicate, what: str, timeout: float =
 RUNNING, COMPLETED = 1, 2
 
 
+@pytest.mark.slow  # SIGSTOPs a worker until the watch takes it for dead (~50 s)
 async def test_a_stalled_worker_is_taken_for_dead_then_watched_again_when_it_resumes(
         client, task_queue, start_worker, evidence: Path) -> None:
     """SIGSTOP the worker running an agent (defaults: 10 s watch, 300 s agent heartbeat): its
