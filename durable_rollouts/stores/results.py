@@ -65,7 +65,7 @@ class ResultStore:
         store = self._store()
         base = None
         if base_ref is None:
-            base_ref = store.put(row_pages.manifest_bytes(row_pages.put_pages(base_rows, store.put)))
+            base_ref = row_pages.store_rows(base_rows, store.put)
         else:
             base = ResultStore._read(base_ref)
         chain = row_pages.extend(base, base_ref, base_total, added_ref, added_total)

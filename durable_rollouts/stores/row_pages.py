@@ -36,7 +36,8 @@ from ..errors import ConfigError
 from ..models import Task
 
 __all__ = ["MAX_EPOCHS", "PAGE_BYTES", "PAGE_ROWS", "ChainPart", "RowChain", "RowPages", "check_epochs",
-           "extend", "is_manifest", "manifest_bytes", "put_pages", "read", "read_any"]
+           "extend", "is_manifest", "manifest_bytes", "order_seed", "put_pages", "read", "read_any",
+           "store_rows"]
 
 PAGE_ROWS = 1000
 PAGE_BYTES = 1 << 20
@@ -103,6 +104,18 @@ def put_pages(rows: Iterable[Task], put: Callable[[bytes], str], *, epochs: int 
 
 def manifest_bytes(manifest: RowPages) -> bytes:
     return manifest.model_dump_json().encode()
+
+
+def store_rows(rows: Iterable[Task], put: Callable[[bytes], str], *, epochs: int = 1,
+               seed: int | None = None) -> str:
+    """Write ``rows`` as pages and their manifest with ``put``; the manifest's uri."""
+    return put(manifest_bytes(put_pages(rows, put, epochs=epochs, seed=seed)))
+
+
+def order_seed(epochs: int | None, seed: int | None) -> int | None:
+    """The seed of the epochs' orders: ``seed``, else 0 when there are several epochs or they
+    are open-ended (None with one epoch: the taskset's order)."""
+    return 0 if seed is None and epochs != 1 else seed
 
 
 def is_manifest(data: bytes) -> bool:

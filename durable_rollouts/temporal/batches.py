@@ -38,7 +38,7 @@ from durable_rollouts.sdk.placement import check_remote_provider
 from durable_rollouts.sdk.run import Run
 from durable_rollouts.sdk.validation import validate_batch
 from durable_rollouts.settings import MAX_CHILDREN_PER_WORKFLOW, settings
-from durable_rollouts.stores.row_pages import MAX_EPOCHS, check_epochs, manifest_bytes, put_pages
+from durable_rollouts.stores.row_pages import MAX_EPOCHS, check_epochs, order_seed, store_rows
 from durable_rollouts.stores.tracestore import TraceStore
 from durable_rollouts.temporal.connection import (
     connect_client,
@@ -264,8 +264,7 @@ async def start_job(taskset: Any, agent: Any, *, runtime: Any, group: int | None
         seed: the seed of the epochs' orders (None with ``epochs=1``: the taskset's order).
     """
     check_epochs(epochs, seed, streamed=stream is not None)
-    if seed is None and epochs != 1:
-        seed = 0
+    seed = order_seed(epochs, seed)
     rows = list(taskset)
     agent = as_agent(agent)  # ours, or a HUD v6 agent (wrapped: it travels as its own class path)
     group = Job.batch_group(group, job)
@@ -371,7 +370,7 @@ def _put_pages(rows: list[Task], epochs: int, seed: int | None) -> str:
     from durable_rollouts.temporal import storage
 
     store = storage.blobs()
-    return store.put(manifest_bytes(put_pages(rows, store.put, epochs=epochs, seed=seed)))
+    return store_rows(rows, store.put, epochs=epochs, seed=seed)
 
 
 async def run_taskset(taskset: Any, agent: Any, *, runtime: Any, group: int | None = None, max_concurrent: int = 16,

@@ -36,7 +36,7 @@ from ..sdk.job import Job
 from ..sdk.run import Run
 from ..settings import settings
 from ..stores.tracestore import TraceStore
-from ..stores.row_pages import check_epochs
+from ..stores.row_pages import check_epochs, order_seed
 from ..workflows import TasksetRun, TasksetRunInput, TasksetRunResult, workflow_id
 from ..workflows.stream import (
     SEALED,
@@ -267,8 +267,7 @@ class LiveJob(Job):
         if epochs is None:
             raise ConfigError("epochs=None: rows added to a running job run a whole number of epochs")
         check_epochs(epochs, seed)
-        if seed is None and epochs != 1:
-            seed = 0
+        seed = order_seed(epochs, seed)
         rows = list(taskset)
         if not rows:
             raise ConfigError(f"taskset {getattr(taskset, 'name', '?')!r} has no rows")

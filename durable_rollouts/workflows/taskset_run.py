@@ -5,7 +5,8 @@ are referenced by name. Expands rows x group task-major, resolves each group onc
 workflow state, so replays and continue-as-new reuse it), keeps at most ``max_concurrent``
 children pending, counts compact results, answers the ``progress`` query, shows live details in
 the Web UI, and continues-as-new (after draining its children) before its history grows large.
-A batch wider than one workflow may hold runs as parts, child TasksetRuns (``fan_out``).
+A batch wider than one workflow may hold runs as parts, child TasksetRuns (``fan_out``); each
+rollout is a ``Rollout`` child (``rollout_children``).
 
 A streamed batch (``Taskset.start``: ``TasksetRunInput.stream``) also keeps its finished groups
 for consumers (``stream``, handlers in ``stream_handlers``): it starts a new group only while
@@ -20,34 +21,25 @@ from datetime import timedelta
 from typing import Any
 
 from temporalio import workflow
-from temporalio.common import (
-    RetryPolicy,
-    SearchAttributeKey,
-    SearchAttributePair,
-    TypedSearchAttributes,
-)
-from temporalio.exceptions import ActivityError, ChildWorkflowError
-from temporalio.workflow import ParentClosePolicy
+from temporalio.common import RetryPolicy
+from temporalio.exceptions import ActivityError
 
 with workflow.unsafe.imports_passed_through():
     from durable_rollouts.ids import child_id, group_id, rollout_id, workflow_id
-    from durable_rollouts.models import RetryAttempt, RolloutResult, Task
+    from durable_rollouts.models import RolloutResult, Task
     from durable_rollouts.workflows.fan_out import FanOut, part_slices
-    from durable_rollouts.workflows.rollout import Rollout
+    from durable_rollouts.workflows.rollout_children import KEY_STATUS, RolloutChildren
     from durable_rollouts.workflows.stream import StreamState
     from durable_rollouts.workflows.stream_handlers import StreamHandlers
     from durable_rollouts.workflows.types import (
         ACT_LOAD_ROWS,
         ACT_RESOLVE,
         ACT_STORE_RESULTS,
-        CARD_LAYOUT,
         ERROR_STATUSES,
-        RETRYABLE_STATUSES,
         LoadRowsInput,
         Progress,
         ResolveGroupInput,
         ResultsRef,
-        RolloutInput,
         StoreResultsInput,
         TasksetRunInput,
         TasksetRunResult,
@@ -58,9 +50,6 @@ __all__ = ["TasksetRun", "child_id", "group_id", "rollout_id", "workflow_id"]
 FLUSH_CHUNK = 250  # results per stored chunk (keeps activity payloads well under 256 KB)
 ROW_WINDOW = 250  # rows loaded per activity when the rows travel by claim check
 
-KEY_JOB_ID = SearchAttributeKey.for_keyword("RolloutsJobId")
-KEY_TASK_SLUG = SearchAttributeKey.for_keyword("RolloutsTaskSlug")
-KEY_STATUS = SearchAttributeKey.for_keyword("RolloutsStatus")
 
 
 # At most this many children start in one workflow task (a task must finish within the 2 s
@@ -72,7 +61,7 @@ MAX_UPDATES_PER_RUN = 1000
 
 
 @workflow.defn(name="TasksetRun")
-class TasksetRun(StreamHandlers, FanOut):
+class TasksetRun(StreamHandlers, FanOut, RolloutChildren):
     """Run every row ``group`` times; return compact results (or claim checks for them)."""
 
     @workflow.init
@@ -400,72 +389,6 @@ class TasksetRun(StreamHandlers, FanOut):
             result_type=ResultsRef, start_to_close_timeout=timedelta(minutes=2),
             retry_policy=RetryPolicy(maximum_attempts=20),
         )
-
-    async def _rollout(self, inp: TasksetRunInput, task: Task, row_slug: str, row_index: int,
-                       group_index: int, resample: int = 0) -> RolloutResult:
-        # The id uses the row's slug (known before resolution), so it is stable for resume.
-        rid = rollout_id(inp.job_id, row_slug, group_index, inp.batch_index, resample)
-        gid = group_id(inp.job_id, row_index, inp.batch_index, resample)
-        earlier: list[RetryAttempt] = []
-        retry = 0
-        while True:
-            result = await self._rollout_once(inp, task, rid, gid, row_index, group_index, retry)
-            # Fresh re-runs (new child, new substrate key) only for inputs that ask for them.
-            if (result.status not in RETRYABLE_STATUSES or retry >= inp.retries
-                    or self._failed_on is not None or not workflow.patched("taskset-run-retries")):
-                break
-            earlier.append(RetryAttempt(
-                workflow_id=child_id(rid, retry), status=result.status, reward=result.reward,
-                error=result.error, error_phase=result.error_phase))
-            retry += 1
-        if earlier:
-            result.rollout_id = rid  # results keep the stable id (resume, latest-wins merging)
-            result.retries = retry
-            result.retry_history = earlier
-        return result
-
-    async def _rollout_once(self, inp: TasksetRunInput, task: Task, rid: str, gid: str, row_index: int,
-                            group_index: int, retry: int) -> RolloutResult:
-        wid = child_id(rid, retry)
-        # The child's input names the stable rollout id (its workflow id adds -r<retry>).
-        child = RolloutInput(rollout_id=rid, job_id=inp.job_id, group_id=gid, group_index=group_index,
-                             row_index=row_index, task=task, agent=inp.agent, provider=inp.provider,
-                             rollout_timeout_s=inp.rollout_timeout_s, max_attempts=inp.max_attempts,
-                             local_steps=inp.local_steps, ephemeral=inp.ephemeral,
-                             task_queue=inp.task_queue, queue_timeout_s=inp.queue_timeout_s,
-                             agent_heartbeat_s=inp.agent_heartbeat_s, worker_watch=inp.worker_watch,
-                             search_attributes=inp.search_attributes, retry=retry, policy=self._policy,
-                             status_at_start=inp.search_attributes, layout=CARD_LAYOUT,
-                             admission=inp.admission)
-        attrs = None
-        if inp.search_attributes:  # the child's status starts as running: one upsert less per child
-            attrs = TypedSearchAttributes([SearchAttributePair(KEY_JOB_ID, inp.job_id),
-                                           SearchAttributePair(KEY_TASK_SLUG, task.slug),
-                                           SearchAttributePair(KEY_STATUS, "running")])
-        # Web UI summary: task, group index, attempt (the first attempt keeps the old text).
-        summary = f"{task.slug} #{group_index}" + (f" attempt {retry + 1}" if retry else "")
-        try:
-            return await workflow.execute_child_workflow(
-                Rollout.run, child, id=wid, task_queue=inp.task_queue,
-                parent_close_policy=ParentClosePolicy.REQUEST_CANCEL, search_attributes=attrs,
-                static_summary=summary,
-            )
-        except ChildWorkflowError as err:
-            cause = err.cause
-            cancelled = type(cause).__name__ == "CancelledError"
-            return RolloutResult(
-                rollout_id=rid, slug=task.slug, group_id=gid, group_index=group_index,
-                row_index=row_index, status="cancelled" if cancelled else "errored",
-                error=str(cause or err), error_phase=None if cancelled else "workflow",
-            )
-        except asyncio.CancelledError:
-            if self._failed_on is None:  # the batch itself is being cancelled
-                raise
-            # on_error="fail" cancelled this rollout before its child started
-            return RolloutResult(
-                rollout_id=rid, slug=task.slug, group_id=gid, group_index=group_index,
-                row_index=row_index, status="cancelled", attempts=0,
-                error=f"cancelled: on_error=fail stopped the batch after {self._failed_on} failed")
 
     def _details(self, p: Progress) -> None:
         mean = "-" if p.mean_reward is None else f"{p.mean_reward:.3f}"
