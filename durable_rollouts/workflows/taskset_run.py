@@ -328,7 +328,10 @@ class TasksetRun(StreamHandlers, FanOut, RolloutChildren):
             return sorted(done, key=lambda f: f.result().rollout_id)
         ended = set(done)
         ordered = [f for f in self._finished if f in ended]
-        self._finished = [f for f in self._finished if f not in ended]
+        # In place: every rollout's done callback is this very list's ``append`` (rebinding the
+        # attribute left earlier rollouts appending to a dropped list, so they fell back to the id
+        # order below, and which ones did depended on how events were batched into tasks).
+        self._finished[:] = [f for f in self._finished if f not in ended]
         seen = set(ordered)  # every one of ``done``, by construction (callbacks run first)
         return ordered + sorted((f for f in done if f not in seen), key=lambda f: f.result().rollout_id)
 

@@ -27,7 +27,7 @@ async def main(args: argparse.Namespace) -> None:
         received += 1
         line = {"pid": os.getpid(), "batch": batch.id, "groups": [r.group_id for r in batch.records],
                 "rollouts": [run.rollout_id for group in batch.groups for run in group],
-                "sizes": batch.sizes}
+                "sizes": batch.sizes, "seqs": [r.seq for r in batch.records]}
         with open(args.log, "a") as fh:
             fh.write(json.dumps(line) + "\n")
             fh.flush()
