@@ -240,6 +240,26 @@ async def _resume_after_errors(ctx: Ctx, ts: Taskset, agent: Any, marker: Path) 
     assert result.progress.total == 2 and result.progress.succeeded == 1, result.progress
 
 
+async def scenario_streamed(ctx: Ctx) -> str:
+    ts = Taskset("golden-stream", [echo("a", ctx.evidence, f"t{i}") for i in range(3)])
+    more = Taskset("golden-stream", [echo("a", ctx.evidence, f"m{i}") for i in range(2)])
+    job = await ts.start(FixedAgent(answer="a"), runtime=LocalRuntime(ENV_FILE), group=2,
+                         temporal=ctx.client, worker=True, task_queue=ctx.queue, linger_s=60,
+                         consumers=["trainer"], max_in_flight=2, page_size=2)
+    ctx.track(job.handle)
+    groups = []
+    async for batch in job.stream(consumer="trainer", batch_size=1):
+        groups.extend(batch.groups)
+        if len(groups) == 1:
+            await job.add(more)  # stream_add: the added rows run after the job's own
+        await batch.ack()
+    done = await job.wait()
+    assert len(groups) == 5 and len(done.runs) == 10 and {r.reward for r in done.runs} == {1.0}
+    return ("a streamed live job (3 rows x group 2, page_size 2, max_in_flight 2): a consumer "
+            "reads and acks one group at a time, 2 rows added mid-run (stream_add, continue-as-new "
+            "naming the row chain), pages written, the job closes once the consumer caught up")
+
+
 SCENARIOS: dict[str, Callable[[Ctx], Awaitable[str]]] = {
     "success": scenario_success,
     "subprocess": scenario_subprocess,
@@ -251,6 +271,7 @@ SCENARIOS: dict[str, Callable[[Ctx], Awaitable[str]]] = {
     "continued_as_new": scenario_continued,
     "session_two_batches": scenario_session,
     "resumed": scenario_resumed,
+    "streamed": scenario_streamed,
 }
 
 
