@@ -13,8 +13,8 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from stream_probe import assert_handed_as_replayed, replay_positions
 from temporal_helpers import ENV_FILE, CountingAgent, WorkerProcess, read_lines
-from temporalio.worker import Replayer
 
 from durable_rollouts import session
 from durable_rollouts.errors import ConfigError
@@ -23,10 +23,9 @@ from durable_rollouts.runtimes import LocalRuntime
 from durable_rollouts.sdk.agents import FixedAgent
 from durable_rollouts.sdk.taskset import Taskset
 from durable_rollouts.temporal.batches import get_job
-from durable_rollouts.temporal.codec import data_converter
 from durable_rollouts.temporal.jobs import describe
 from durable_rollouts.temporal.live import JobClosedError
-from durable_rollouts.workflows import Rollout, TasksetRun, workflow_id
+from durable_rollouts.workflows import workflow_id
 
 
 def _taskset(n: int, tag: str = "row") -> Taskset:
@@ -121,7 +120,7 @@ async def test_adds_survive_worker_kills_each_group_once_no_rollout_run_twice(
     """A worker SIGKILLed right after an add returned, and one killed while an add is in
     flight: every added row runs, the consumer gets every group once, no rollout ran twice
     except ones in flight on a killed worker (the agent logs its pid with every run), and every
-    run of the batch's history replays."""
+    run of the batch's history replays, delivering each group where the consumer was handed it."""
     monkeypatch.setenv("ROLLOUTS_QUEUE_TIMEOUT", "3")  # a killed worker's substrates: gone soon
     monkeypatch.setenv("ROLLOUTS_AGENT_HEARTBEAT", "5")  # and its agent steps noticed soon
     agents = tmp_path / "agents.log"
@@ -139,9 +138,11 @@ async def test_adds_survive_worker_kills_each_group_once_no_rollout_run_twice(
                                       temporal=client, worker=False, task_queue=task_queue,
                                       consumers=["trainer"], linger_s=120)
         groups: list[str] = []
+        handed: set[tuple[int, str]] = set()
         adds: list[asyncio.Future] = []
         async for batch in job.stream(consumer="trainer", batch_size=1):
             groups.extend(g[0].group_id for g in batch.groups)
+            handed |= {(r.seq, r.group_id) for r in batch.records}
             if len(groups) == 2:
                 await job.add(_taskset(6, "one"))
                 kill_worker()  # the add returned: it is in history, whoever runs the batch
@@ -152,13 +153,7 @@ async def test_adds_survive_worker_kills_each_group_once_no_rollout_run_twice(
             await batch.ack()
         added = await asyncio.wait_for(adds[0], 60)
         done = await asyncio.wait_for(job.wait(), 120)
-        wid = workflow_id(job.id)
-        replayer_runs = 0
-        replayer = Replayer(workflows=[TasksetRun, Rollout], data_converter=data_converter())
-        async for execution in client.list_workflows(f'WorkflowId="{wid}"'):
-            await replayer.replay_workflow(
-                await client.get_workflow_handle(wid, run_id=execution.run_id).fetch_history())
-            replayer_runs += 1
+        replayer_runs, positions = await replay_positions(client, workflow_id(job.id))
     finally:
         for worker in workers:
             worker.stop()
@@ -172,3 +167,4 @@ async def test_adds_survive_worker_kills_each_group_once_no_rollout_run_twice(
         pids = [int(pid) for pid, r in runs if r == rid]
         assert all(pid in killed for pid in pids[:-1]), (rid, pids, killed)
     assert replayer_runs >= 2  # a run that took adds continues as new (its input names them)
+    assert_handed_as_replayed(handed, positions)  # the order a replay rebuilds after a kill

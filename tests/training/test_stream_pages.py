@@ -25,11 +25,11 @@ from pathlib import Path
 
 import pytest
 from temporal_helpers import ENV_FILE, CountingAgent, async_wait_for, read_lines
-from temporalio import workflow
+from stream_probe import assert_handed_as_replayed, replay_positions
 from temporalio.worker import Replayer
 
 from durable_rollouts.errors import ConfigError
-from durable_rollouts.models import RolloutResult, Task
+from durable_rollouts.models import Task
 from durable_rollouts.runtimes import LocalRuntime
 from durable_rollouts.sdk.job import Job
 from durable_rollouts.sdk.taskset import Taskset
@@ -38,7 +38,6 @@ from durable_rollouts.temporal.codec import data_converter
 from durable_rollouts.temporal.stream_pages import StreamStore
 from durable_rollouts.workflows import Rollout, TasksetRun, workflow_id
 from durable_rollouts.workflows.stream_paging import KeptState
-from durable_rollouts.workflows.types import TasksetRunInput, TasksetRunResult
 
 HERE = Path(__file__).resolve().parent
 
@@ -89,42 +88,9 @@ async def _carries(client, wid: str) -> list[int]:
     return sizes
 
 
-_POSITIONS: dict[int, str] = {}  # what the replays below put at each stream position
-
-
-@workflow.defn(name="TasksetRun", sandboxed=False)
-class _PositionProbe(TasksetRun):
-    """The batch workflow as it is, noting the group it delivers at each stream position."""
-
-    @workflow.run
-    async def run(self, inp: TasksetRunInput) -> TasksetRunResult:
-        return await super().run(inp)
-
-    def _count(self, inp: TasksetRunInput, result: RolloutResult) -> None:
-        super()._count(inp, result)
-        for group in self._stream.delivered if self._stream is not None else []:
-            _POSITIONS.setdefault(group.seq, group.group_id)
-
-
-async def _replay_every_run(client, wid: str) -> tuple[int, dict[int, str]]:
-    """Replay every run of the batch (oldest first); how many runs, and the group the replays
-    delivered at each stream position (set once, by the run that delivered it)."""
-    replayer = Replayer(workflows=[_PositionProbe, Rollout], data_converter=data_converter())
-    runs = [execution async for execution in client.list_workflows(f'WorkflowId="{wid}"')]
-    _POSITIONS.clear()
-    for execution in sorted(runs, key=lambda e: e.start_time):
-        history = await client.get_workflow_handle(wid, run_id=execution.run_id).fetch_history()
-        await replayer.replay_workflow(history)
-    return len(runs), dict(_POSITIONS)
-
-
-def _handed_as_replayed(logs: list[Path], positions: dict[int, str]) -> None:
-    """Every group a consumer was handed sits where a replay of the history puts it: the order
-    live workers gave is the one any later worker rebuilds (a trainer that applied a batch and
-    died before acknowledging it is handed the very same groups again)."""
-    handed = {(seq, gid) for log in logs for b in _applied(log) for seq, gid in zip(b["seqs"], b["groups"])}
-    assert handed and {(seq, positions.get(seq)) for seq, _ in handed} == handed, \
-        sorted((seq, gid, positions.get(seq)) for seq, gid in handed if positions.get(seq) != gid)
+def _handed(logs: list[Path]) -> set[tuple[int, str]]:
+    """Every (position, group) the consumers logged being handed."""
+    return {(seq, gid) for log in logs for b in _applied(log) for seq, gid in zip(b["seqs"], b["groups"])}
 
 
 GROUPS, PAGE, IN_FLIGHT = 80, 4, 6
@@ -192,9 +158,9 @@ async def test_a_long_stream_keeps_bounded_state_and_a_late_consumer_reads_the_p
     assert max(k.state_bytes for k in kept) < 64 * 1024
     carries = await _carries(client, wid)
     assert len(carries) >= 2 and max(carries) < 64 * 1024, carries  # it continued as new, small
-    runs, positions = await _replay_every_run(client, wid)
+    runs, positions = await replay_positions(client, wid)
     assert runs == len(carries) + 1 and len(positions) == GROUPS
-    _handed_as_replayed([trainer_log, late_log], positions)
+    assert_handed_as_replayed(_handed([trainer_log, late_log]), positions)
 
 
 async def test_a_closed_jobs_acknowledgements_are_stored_and_each_group_comes_once(
@@ -342,9 +308,9 @@ async def test_paged_stream_survives_trainer_and_worker_kills_each_group_applied
     assert max(k.kept_groups for k in kept[:late_at]) <= IN_FLIGHT + 2 * PAGE, kept[:late_at]
     assert max(k.kept_groups for k in kept) <= groups // 2
     assert max(await _carries(client, wid)) < 64 * 1024
-    _, positions = await _replay_every_run(client, wid)
+    _, positions = await replay_positions(client, wid)
     assert len(positions) == groups
-    _handed_as_replayed([log, late_log], positions)
+    assert_handed_as_replayed(_handed([log, late_log]), positions)
 
 
 async def test_streamed_batch_histories_of_an_earlier_release_replay() -> None:
