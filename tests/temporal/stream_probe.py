@@ -2,13 +2,17 @@
 
 A consumer that applied a batch and died before acknowledging it is handed the same positions
 again, from whichever worker then holds the batch (one that replayed the history from scratch
-after a kill). So the order live workers gave must be the order a replay of the history rebuilds:
-tests compare every (position, group) a consumer was handed with a replay's.
+after a kill). So the order live workers gave must be the order a replay of the history rebuilds,
+and both must be the order the groups finished in history (the child-completion events), not an
+accident of how events were batched into workflow tasks. Tests compare all three.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from temporalio import workflow
+from temporalio.client import WorkflowHistory
 from temporalio.worker import Replayer
 
 from durable_rollouts.models import RolloutResult
@@ -33,19 +37,48 @@ class _PositionProbe(TasksetRun):
             _POSITIONS.setdefault(group.seq, group.group_id)
 
 
-async def replay_positions(client, wid: str) -> tuple[int, dict[int, str]]:
-    """Replay every run of batch ``wid`` (oldest first); how many runs there were, and the group
-    the replays delivered at each position (set once, by the run that delivered it)."""
+@dataclass
+class StreamReplay:
+    runs: int  # runs of the batch (continue-as-new)
+    positions: dict[int, str]  # the group the replays delivered at each position
+    finished: list[str]  # groups in the order their last member's completion event came
+
+    def in_order(self) -> list[str]:
+        return [self.positions[seq] for seq in sorted(self.positions)]
+
+
+async def replay_histories(histories: list[WorkflowHistory], group: int) -> StreamReplay:
+    """Replay the runs of one streamed batch, oldest first (groups of ``group`` rollouts, every
+    one a child that completed: no re-samples, drops or failed children)."""
     replayer = Replayer(workflows=[_PositionProbe, Rollout], data_converter=data_converter())
-    runs = [execution async for execution in client.list_workflows(f'WorkflowId="{wid}"')]
     _POSITIONS.clear()
-    for execution in sorted(runs, key=lambda e: e.start_time):
-        history = await client.get_workflow_handle(wid, run_id=execution.run_id).fetch_history()
+    finished: list[str] = []
+    ended: dict[str, int] = {}
+    for history in histories:
         await replayer.replay_workflow(history)
-    return len(runs), dict(_POSITIONS)
+        for event in history.events:
+            if event.HasField("child_workflow_execution_completed_event_attributes"):
+                payloads = event.child_workflow_execution_completed_event_attributes.result.payloads
+                (result,) = await data_converter().decode(payloads, [RolloutResult])
+                ended[result.group_id] = ended.get(result.group_id, 0) + 1
+                if ended[result.group_id] == group:
+                    finished.append(result.group_id)
+    return StreamReplay(len(histories), dict(_POSITIONS), finished)
 
 
-def assert_handed_as_replayed(handed: set[tuple[int, str]], positions: dict[int, str]) -> None:
-    """Every (position, group) a consumer was handed is where the replay put that group."""
-    wrong = sorted((seq, gid, positions.get(seq)) for seq, gid in handed if positions.get(seq) != gid)
+async def replay_positions(client, wid: str, group: int) -> StreamReplay:
+    """Replay every run of batch ``wid`` as recorded on the server."""
+    runs = [execution async for execution in client.list_workflows(f'WorkflowId="{wid}"')]
+    histories = [await client.get_workflow_handle(wid, run_id=e.run_id).fetch_history()
+                 for e in sorted(runs, key=lambda e: e.start_time)]
+    return await replay_histories(histories, group)
+
+
+def assert_handed_as_replayed(handed: set[tuple[int, str]], replay: StreamReplay) -> None:
+    """Every (position, group) a consumer was handed is where the replay put that group, and the
+    replay put the groups in the order they finished."""
+    wrong = sorted((seq, gid, replay.positions.get(seq)) for seq, gid in handed
+                   if replay.positions.get(seq) != gid)
     assert handed and not wrong, f"handed (position, group, replay's group): {wrong}"
+    assert replay.in_order() == replay.finished[:len(replay.positions)], \
+        (replay.in_order(), replay.finished)

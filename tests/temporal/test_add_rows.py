@@ -153,7 +153,7 @@ async def test_adds_survive_worker_kills_each_group_once_no_rollout_run_twice(
             await batch.ack()
         added = await asyncio.wait_for(adds[0], 60)
         done = await asyncio.wait_for(job.wait(), 120)
-        replayer_runs, positions = await replay_positions(client, workflow_id(job.id))
+        replay = await replay_positions(client, workflow_id(job.id), group=2)
     finally:
         for worker in workers:
             worker.stop()
@@ -166,5 +166,5 @@ async def test_adds_survive_worker_kills_each_group_once_no_rollout_run_twice(
     for rid in {r for _, r in runs}:
         pids = [int(pid) for pid, r in runs if r == rid]
         assert all(pid in killed for pid in pids[:-1]), (rid, pids, killed)
-    assert replayer_runs >= 2  # a run that took adds continues as new (its input names them)
-    assert_handed_as_replayed(handed, positions)  # the order a replay rebuilds after a kill
+    assert replay.runs >= 2  # a run that took adds continues as new (its input names them)
+    assert_handed_as_replayed(handed, replay)  # the order a replay rebuilds after a kill

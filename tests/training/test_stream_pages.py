@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 from temporal_helpers import ENV_FILE, CountingAgent, async_wait_for, read_lines
-from stream_probe import assert_handed_as_replayed, replay_positions
+from stream_probe import assert_handed_as_replayed, replay_histories, replay_positions
 from temporalio.worker import Replayer
 
 from durable_rollouts.errors import ConfigError
@@ -158,9 +158,9 @@ async def test_a_long_stream_keeps_bounded_state_and_a_late_consumer_reads_the_p
     assert max(k.state_bytes for k in kept) < 64 * 1024
     carries = await _carries(client, wid)
     assert len(carries) >= 2 and max(carries) < 64 * 1024, carries  # it continued as new, small
-    runs, positions = await replay_positions(client, wid)
-    assert runs == len(carries) + 1 and len(positions) == GROUPS
-    assert_handed_as_replayed(_handed([trainer_log, late_log]), positions)
+    replay = await replay_positions(client, wid, group=2)
+    assert replay.runs == len(carries) + 1 and len(replay.positions) == GROUPS
+    assert_handed_as_replayed(_handed([trainer_log, late_log]), replay)
 
 
 async def test_a_closed_jobs_acknowledgements_are_stored_and_each_group_comes_once(
@@ -308,9 +308,9 @@ async def test_paged_stream_survives_trainer_and_worker_kills_each_group_applied
     assert max(k.kept_groups for k in kept[:late_at]) <= IN_FLIGHT + 2 * PAGE, kept[:late_at]
     assert max(k.kept_groups for k in kept) <= groups // 2
     assert max(await _carries(client, wid)) < 64 * 1024
-    _, positions = await replay_positions(client, wid)
-    assert len(positions) == groups
-    assert_handed_as_replayed(_handed([log, late_log]), positions)
+    replay = await replay_positions(client, wid, group=2)
+    assert len(replay.positions) == groups
+    assert_handed_as_replayed(_handed([log, late_log]), replay)
 
 
 async def test_streamed_batch_histories_of_an_earlier_release_replay() -> None:
@@ -318,12 +318,27 @@ async def test_streamed_batch_histories_of_an_earlier_release_replay() -> None:
     from temporalio.client import WorkflowHistory
 
     replayer = Replayer(workflows=[TasksetRun, Rollout], data_converter=data_converter())
-    files = sorted((HERE / "histories").glob("TasksetRun-stream-*.json"))
+    files = sorted((HERE / "histories").glob("TasksetRun-stream-c39e162-*.json"))
     assert len(files) == 2
     for path in files:
         result = await replayer.replay_workflow(WorkflowHistory.from_json("stream", path.read_text()),
                                                 raise_on_replay_failure=False)
         assert result.replay_failure is None, (path.name, result.replay_failure)
+
+
+async def test_a_recorded_stream_delivers_its_groups_in_the_order_they_finished() -> None:
+    """The first run of a paged stream recorded at 3aa528b by the kill test above (26 groups of
+    2, one worker SIGKILLed). Replayed from scratch, the batch delivers its groups in the order
+    their last child-completion event came. 3aa528b itself put some of them in rollout-id order
+    instead, and which ones depended on how events were batched into workflow tasks, so a worker
+    that replayed after a kill could hand a consumer other groups at positions it had handed out
+    (the bug the kill test found in CI)."""
+    from temporalio.client import WorkflowHistory
+
+    path = HERE / "histories" / "TasksetRun-stream-kills-3aa528b.json"
+    replay = await replay_histories([WorkflowHistory.from_json("stream", path.read_text())], group=2)
+    assert len(replay.finished) == len(replay.positions) == 26
+    assert replay.in_order() == replay.finished
 
 
 async def test_an_unregistered_consumer_holds_nothing_and_resumes_from_its_cursor(
