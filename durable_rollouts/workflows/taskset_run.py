@@ -4,7 +4,9 @@ Deterministic: imports only stdlib, temporalio, pydantic and the pure data model
 are referenced by name. Expands rows x group task-major, resolves each group once (stored in
 workflow state, so replays and continue-as-new reuse it), keeps at most ``max_concurrent``
 children pending, counts compact results, answers the ``progress`` query, shows live details in
-the Web UI, and continues-as-new (after draining its children) before its history grows large.
+the Web UI, and continues-as-new before its history grows large: the rollouts still running go on
+(their children outlive the run) and the next run awaits them (``rollout_children``); runs
+recorded before ``PATCH_OUTLIVE`` drained their children first.
 A batch wider than one workflow may hold runs as parts, child TasksetRuns (``fan_out``); each
 rollout is a ``Rollout`` child (``rollout_children``).
 
@@ -28,7 +30,7 @@ with workflow.unsafe.imports_passed_through():
     from durable_rollouts.ids import child_id, group_id, rollout_id, workflow_id
     from durable_rollouts.models import RolloutResult, Task
     from durable_rollouts.workflows.fan_out import FanOut, part_slices
-    from durable_rollouts.workflows.rollout_children import KEY_STATUS, RolloutChildren
+    from durable_rollouts.workflows.rollout_children import KEY_STATUS, PATCH_OUTLIVE, RolloutChildren
     from durable_rollouts.workflows.stream import StreamState
     from durable_rollouts.workflows.stream_handlers import StreamHandlers
     from durable_rollouts.workflows.types import (
@@ -36,6 +38,8 @@ with workflow.unsafe.imports_passed_through():
         ACT_RESOLVE,
         ACT_STORE_RESULTS,
         ERROR_STATUSES,
+        AwaitedRollout,
+        CarriedRollout,
         LoadRowsInput,
         Progress,
         ResolveGroupInput,
@@ -73,6 +77,9 @@ class TasksetRun(StreamHandlers, FanOut, RolloutChildren):
         self._finished: list[asyncio.Task[RolloutResult]] = []  # rollouts, in the order they ended
         self._event_order: bool | None = None  # PATCH_EVENT_ORDER, decided at the first count
         self._inp = inp  # the run's input; an add (``stream_add``) grows its rows in place
+        self._flying: dict[str, CarriedRollout] = {}
+        self._starting: set[str] = set()
+        self._awaited: dict[str, asyncio.Future[AwaitedRollout]] = {}
         # Set here, not in run: an update in the first workflow task (a consumer registering
         # or acking right after start) is validated before run begins.
         self._policy = inp.policy
@@ -88,6 +95,7 @@ class TasksetRun(StreamHandlers, FanOut, RolloutChildren):
     @workflow.run
     async def run(self, inp: TasksetRunInput) -> TasksetRunResult:
         inp = self._inp  # the same input; an add taken before run began already grew it
+        self._outlive = workflow.patched(PATCH_OUTLIVE)
         total = self._total(inp)
         first = inp.next_index if inp.part is not None else 0  # a part counts its own slots
         progress = inp.progress or Progress(job_id=inp.job_id, batch_index=inp.batch_index,
@@ -103,7 +111,10 @@ class TasksetRun(StreamHandlers, FanOut, RolloutChildren):
         self._set_status(inp, "running")
 
         index = inp.next_index
-        pending: list[asyncio.Task[RolloutResult]] = []
+        pending = self._carry_in(inp)  # what the previous run left running
+        for rollout in pending:
+            rollout.add_done_callback(self._finished.append)
+        progress.running = len(pending)
         slices = part_slices(inp, index, total)  # wider than one workflow holds: run it as parts
         try:
             if slices:
@@ -150,6 +161,8 @@ class TasksetRun(StreamHandlers, FanOut, RolloutChildren):
                     progress.total = progress.started + (len(self._stream.slots) if self._stream else 0)
                 if self._failed_on is not None:
                     continue  # cancel the rest at the top of the loop
+                if self._outlive and pending and self._too_long(inp):
+                    break  # continue as new now: the next run awaits the rollouts still running
                 if not pending:
                     if self._held(index, total, inp):  # wait for an ack (or a long history)
                         await workflow.wait_condition(
@@ -166,12 +179,12 @@ class TasksetRun(StreamHandlers, FanOut, RolloutChildren):
 
         # History is getting long, or rows were added (the next run's input then names them, for
         # every reader of the job): carry state into a fresh run.
-        carry = self._more(index, self._until(inp, index, self._total(inp))) or self._grew
+        carry = self._more(index, self._until(inp, index, self._total(inp))) or self._grew or bool(pending)
         if not carry and self._stream is not None and self._failed_on is None:
             self._rollouts_done = True
             carry = await self._linger(inp)  # consumers catch up (True: continue as new first)
         if carry:
-            await self._continue_as_new(inp, index, results, refs, resolved, progress)
+            await self._continue_as_new(inp, index, results, refs, resolved, progress, pending)
         await self._seal(inp)  # a paged stream: the rest of it, and the cursors, to storage
 
         progress.done = True
@@ -182,21 +195,35 @@ class TasksetRun(StreamHandlers, FanOut, RolloutChildren):
                                 progress=progress, results=results, result_refs=refs)
 
     async def _continue_as_new(self, inp: TasksetRunInput, index: int, results: list[RolloutResult],
-                               refs: list[ResultsRef], resolved: dict[int, Task],
-                               progress: Progress) -> None:
-        """Flush the results to claim checks (when many) and continue as new from ``index``."""
+                               refs: list[ResultsRef], resolved: dict[int, Task], progress: Progress,
+                               pending: list[asyncio.Task[RolloutResult]]) -> None:
+        """Flush the results to claim checks (when many) and continue as new from ``index``,
+        carrying the rollouts still running (``pending``: only under ``PATCH_OUTLIVE``)."""
         await self._page_out(inp)  # carry only the groups not every consumer acknowledged
         if len(results) > inp.flush_results_over:  # claim checks of <=FLUSH_CHUNK results each
             for start in range(0, len(results), FLUSH_CHUNK):
                 refs.append(await self._flush(inp, results[start:start + FLUSH_CHUNK], len(refs)))
             results = []
-        await workflow.wait_condition(workflow.all_handlers_finished)  # an add's rows are in ``inp``
+        # An add's rows are in ``inp``; every carried rollout's child has started (it exists). The
+        # wait also lets every rollout whose child ended in this workflow task finish first, so
+        # each one whose end is in this run's history is counted here, not carried.
+        def settled() -> bool:
+            return workflow.all_handlers_finished() and not self._starting
+
+        await workflow.wait_condition(settled)
+        while not settled():
+            await workflow.wait_condition(settled)
+        for fut in self._in_order([f for f in pending if f.done()]):  # ended meanwhile: count them
+            results.append(fut.result())
+            progress.running -= 1
+            self._count(inp, fut.result())
         carry = inp.model_copy(update={
             "next_index": index, "results": results, "result_refs": refs,
             # only groups that still have rollouts to start need their resolved task
             "resolved": {r: t for r, t in resolved.items()
                          if index < self._total(inp) and r >= self._slot(inp, index)[0]},
             "progress": progress, "stream_state": self._stream, "policy": self._policy,
+            "carried": list(self._flying.values()),
         })
         workflow.continue_as_new(carry)
 
@@ -235,6 +262,7 @@ class TasksetRun(StreamHandlers, FanOut, RolloutChildren):
         assert progress is not None
         for fut in pending:
             fut.cancel()
+        await self._stop_carried()
         cut = f"on_error=fail stopped the batch after {self._failed_on} failed"
         for outcome in await asyncio.gather(*pending, return_exceptions=True):
             if isinstance(outcome, RolloutResult):
@@ -261,6 +289,7 @@ class TasksetRun(StreamHandlers, FanOut, RolloutChildren):
         # Cancel every running Rollout and wait for it, so each one's teardown runs before we close.
         for fut in pending:
             fut.cancel()
+        await self._stop_carried()
         await asyncio.gather(*pending, return_exceptions=True)
         if self._progress is not None:
             self._progress.cancelled += self._progress.running

@@ -18,6 +18,7 @@ from durable_rollouts.models import (
     AgentSpec,
     ProviderSpec,
     ResultsRef,
+    RetryAttempt,
     RolloutResult,
     StrictModel,
     Task,
@@ -29,6 +30,7 @@ __all__ = [
     "ACT_ADMIT",
     "ACT_AGENTS_ON",
     "ACT_AGENT",
+    "ACT_AWAIT_ROLLOUTS",
     "ACT_CLOSED_HOLDERS",
     "ACT_CONNECT",
     "ACT_GRADE",
@@ -60,6 +62,9 @@ __all__ = [
     "NON_RETRYABLE",
     "AddRows",
     "AddedRows",
+    "AwaitRolloutsInput",
+    "AwaitedRollout",
+    "CarriedRollout",
     "ExtendRowsInput",
     "LoadRowsInput",
     "Progress",
@@ -87,6 +92,7 @@ ACT_RESOLVE = "rollouts.resolve_group"
 ACT_STORE_RESULTS = "rollouts.store_results"
 ACT_LOAD_ROWS = "rollouts.load_rows"
 ACT_EXTEND_ROWS = "rollouts.extend_rows"
+ACT_AWAIT_ROLLOUTS = "rollouts.await_rollouts"
 ACT_PROVISION = "rollouts.provision"
 ACT_CONNECT = "rollouts.connect"
 ACT_START = "rollouts.start"
@@ -177,6 +183,35 @@ class Progress(_Model):
             self.graded += 1
 
 
+class CarriedRollout(_Model):
+    """A rollout still running when its batch's run continued as new: the next run awaits it
+    (``ACT_AWAIT_ROLLOUTS``) instead of the run draining first."""
+
+    workflow_id: str  # its Rollout child (``child_id(rollout_id, retry)``)
+    rollout_id: str
+    group_id: str
+    slug: str
+    row_index: int
+    group_index: int
+    retry: int = 0
+    earlier: list[RetryAttempt] = Field(default_factory=list)
+    task: Task | None = None  # kept only when a fresh re-run may follow (``retries``)
+
+
+class AwaitRolloutsInput(_Model):
+    workflow_ids: list[str]
+    linger_s: float = Field(default=0.5, ge=0)  # after the first closes, gather those closing with it
+
+
+class AwaitedRollout(_Model):
+    """How a carried Rollout ended: its result, or why it has none (cancelled, failed, gone)."""
+
+    workflow_id: str
+    result: RolloutResult | None = None
+    cancelled: bool = False
+    error: str | None = None
+
+
 class TasksetRunInput(_Model):
     """One batch of a job: rows x group rollouts. Also the continue-as-new carrier."""
 
@@ -235,6 +270,8 @@ class TasksetRunInput(_Model):
     added: list[str] = Field(default_factory=list)
     # The runtime's fleet-wide admission limits (None: provision as fast as slots allow).
     admission: Admission | None = None
+    # Rollouts the previous run left running (it continued as new without draining them).
+    carried: list[CarriedRollout] = Field(default_factory=list)
 
 
 class TasksetRunResult(_Model):

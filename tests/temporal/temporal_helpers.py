@@ -30,14 +30,17 @@ ENV_FILE = str(HERE / "counting_env.py")
 
 
 class CountingAgent(Agent):
-    """Appends a line to ``log`` each time it starts, sleeps ``seconds`` (not once ``fast_file``
-    exists), answers ``answer`` (raises for the row tagged ``raise_for``)."""
+    """Appends a line to ``log`` each time it starts, sleeps ``seconds`` (``slow_seconds`` for
+    rows tagged one of ``slow_tags``; not once ``fast_file`` exists), answers ``answer`` (raises
+    for the row tagged ``raise_for``)."""
 
     answer: str = "x"
     seconds: float = 0.0
     log: str = ""
     fast_file: str = ""
     raise_for: str = ""  # the row whose args' tag is this raises (the rollout errors)
+    slow_tags: list[str] = []
+    slow_seconds: float = 0.0
 
     async def __call__(self, run: Run) -> None:
         if self.log:
@@ -46,7 +49,8 @@ class CountingAgent(Agent):
         if self.raise_for and run.task is not None and run.task.args.get("tag") == self.raise_for:
             raise RuntimeError(f"agent gives up on {self.raise_for}")
         if not (self.fast_file and os.path.exists(self.fast_file)):
-            await asyncio.sleep(self.seconds)
+            slow = run.task is not None and run.task.args.get("tag") in self.slow_tags
+            await asyncio.sleep(self.slow_seconds if slow else self.seconds)
         run.trace.content = self.answer
 
 
