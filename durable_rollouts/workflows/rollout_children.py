@@ -57,7 +57,15 @@ class RolloutChildren:
     _flying: dict[str, CarriedRollout]  # every rollout running in this run, by rollout id
     _starting: set[str]  # rollouts whose child start is not confirmed yet
     _awaited: dict[str, asyncio.Future[AwaitedRollout]]  # carried rollouts, by workflow id
+    _carried_ids: dict[str, str]  # carried rollouts' ids, by workflow id
     _waiter: asyncio.Task[None] | None = None  # the loop awaiting the carried rollouts
+    _ended: dict[str, int]  # rollout id -> its place in the order rollouts ended (``_in_order``)
+    _ends = 0
+
+    def _mark_ended(self, rid: str) -> None:
+        """Number the end of rollout ``rid`` (called first thing once its end is in history)."""
+        self._ends += 1
+        self._ended[rid] = self._ends
 
     async def _rollout(self, inp: TasksetRunInput, task: Task | None, row_slug: str, row_index: int,
                        group_index: int, resample: int = 0,
@@ -125,6 +133,7 @@ class RolloutChildren:
         if not inp.carried:
             return []
         self._awaited = {c.workflow_id: asyncio.get_running_loop().create_future() for c in inp.carried}
+        self._carried_ids = {c.workflow_id: c.rollout_id for c in inp.carried}
         self._waiter = asyncio.ensure_future(self._await_carried(inp))
         return [asyncio.ensure_future(self._rollout(inp, c.task, c.slug, c.row_index, c.group_index,
                                                     carried=c)) for c in inp.carried]
@@ -150,6 +159,7 @@ class RolloutChildren:
             for outcome in ended:
                 fut = self._awaited.get(outcome.workflow_id)
                 if fut is not None and not fut.done():
+                    self._mark_ended(self._carried_ids[outcome.workflow_id])
                     fut.set_result(outcome)
             waiting = [wid for wid in waiting if not self._awaited[wid].done()]
 
@@ -183,7 +193,10 @@ class RolloutChildren:
                 )
             finally:
                 self._starting.discard(rid)
-            return await handle
+            try:
+                return await handle
+            finally:
+                self._mark_ended(rid)  # ended (or failed, or cancelled): first thing after its event
         except WorkflowAlreadyStartedError:  # e.g. left running by a terminated run of this batch
             return RolloutResult(
                 rollout_id=rid, slug=task.slug, group_id=gid, group_index=group_index,

@@ -74,7 +74,7 @@ class TasksetRun(StreamHandlers, FanOut, RolloutChildren):
         self._window: dict[int, Task] = {}
         self._failed_on: str | None = None  # on_error="fail": set by the first unrecovered error
         self._touched = False  # a consumer acted (the linger timer starts again)
-        self._finished: list[asyncio.Task[RolloutResult]] = []  # rollouts, in the order they ended
+        self._ended: dict[str, int] = {}  # rollout id -> its place in the order rollouts ended
         self._event_order: bool | None = None  # PATCH_EVENT_ORDER, decided at the first count
         self._inp = inp  # the run's input; an add (``stream_add``) grows its rows in place
         self._flying: dict[str, CarriedRollout] = {}
@@ -112,8 +112,6 @@ class TasksetRun(StreamHandlers, FanOut, RolloutChildren):
 
         index = inp.next_index
         pending = self._carry_in(inp)  # what the previous run left running
-        for rollout in pending:
-            rollout.add_done_callback(self._finished.append)
         progress.running = len(pending)
         slices = part_slices(inp, index, total)  # wider than one workflow holds: run it as parts
         try:
@@ -151,7 +149,6 @@ class TasksetRun(StreamHandlers, FanOut, RolloutChildren):
                         resolved[row_index] = task
                     rollout = asyncio.ensure_future(
                         self._rollout(inp, task, row.slug, row_index, group_index, resample))
-                    rollout.add_done_callback(self._finished.append)
                     pending.append(rollout)
                     index = self._consume(slot, index)
                     progress.started += 1
@@ -345,24 +342,20 @@ class TasksetRun(StreamHandlers, FanOut, RolloutChildren):
             self._count(inp, result)
 
     def _in_order(self, done: list[asyncio.Task[RolloutResult]]) -> list[asyncio.Task[RolloutResult]]:
-        """``done`` in the order their rollouts ended: the order of the child-completion events in
-        history, whichever workflow task delivered them. A stream's group order (what consumers
-        are handed, by position) then never depends on how events were batched into tasks: a
-        consumer that read state a worker never committed (killed before its task completed)
-        reads the same sequence again from the retried task. Runs before the patch: by rollout
-        id within each wake-up, as they were recorded."""
+        """``done`` in the order their rollouts ended: the order their ends came in history (a
+        child's completion event; for a rollout a previous run carried in, its place in the
+        ``await_rollouts`` result), whichever workflow task delivered them. Each end is numbered by
+        the first code that runs once it is in history (``_mark_ended``), the same number of steps
+        after its event for a child and for a carried rollout, so a stream's group order (what
+        consumers are handed, by position) never depends on how events were batched into tasks:
+        a worker that replays the history after a kill hands out the same sequence. Runs before
+        the patch: by rollout id within each wake-up, as they were recorded."""
         if self._event_order is None:
             self._event_order = workflow.patched(PATCH_EVENT_ORDER)
         if not self._event_order:
             return sorted(done, key=lambda f: f.result().rollout_id)
-        ended = set(done)
-        ordered = [f for f in self._finished if f in ended]
-        # In place: every rollout's done callback is this very list's ``append`` (rebinding the
-        # attribute left earlier rollouts appending to a dropped list, so they fell back to the id
-        # order below, and which ones did depended on how events were batched into tasks).
-        self._finished[:] = [f for f in self._finished if f not in ended]
-        seen = set(ordered)  # every one of ``done``, by construction (callbacks run first)
-        return ordered + sorted((f for f in done if f not in seen), key=lambda f: f.result().rollout_id)
+        last = len(self._ended) + 1_000_000_000  # (never: every ended rollout was numbered)
+        return sorted(done, key=lambda f: (self._ended.pop(f.result().rollout_id, last), f.result().rollout_id))
 
     def _until(self, inp: TasksetRunInput, index: int, total: int) -> int:
         """The batch's slots: ``total``; an open-ended one (``epochs=None``) ends with the group
