@@ -172,6 +172,7 @@ async def long_phase(taskset, agent, runtime, group: int, concurrency: int,
     acknowledged it; the slower one sets how much the batch keeps. Returns each consumer's log.
     """
     from durable_rollouts.workflows import TasksetRun, workflow_id
+    from durable_rollouts.workflows.types import TasksetRunInput
 
     total = len(taskset)
     names = {size: f"{CONSUMER}-b{size}" for size in batch_sizes}
@@ -219,8 +220,10 @@ async def long_phase(taskset, agent, runtime, group: int, concurrency: int,
         events = job.client.get_workflow_handle(wid, run_id=execution.run_id).fetch_history_events()
         async for event in events:  # only the first event: the run's input
             started = event.workflow_execution_started_event_attributes
-            if started.continued_execution_run_id:
-                long.carries.append(sum(p.ByteSize() for p in started.input.payloads))
+            if started.continued_execution_run_id:  # the input itself (one over 256 KiB is stored)
+                (carried,) = await job.client.data_converter.decode(started.input.payloads,
+                                                                     [TasksetRunInput])
+                long.carries.append(len(carried.model_dump_json()))
             break
     return logs
 

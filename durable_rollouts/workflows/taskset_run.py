@@ -5,8 +5,8 @@ are referenced by name. Expands rows x group task-major, resolves each group onc
 workflow state, so replays and continue-as-new reuse it), keeps at most ``max_concurrent``
 children pending, counts compact results, answers the ``progress`` query, shows live details in
 the Web UI, and continues-as-new before its history grows large: the rollouts still running go on
-(their children outlive the run) and the next run awaits them (``rollout_children``); runs
-recorded before ``PATCH_OUTLIVE`` drained their children first.
+(their children outlive the run) and the next run awaits them (``rollout_children``); a streamed
+batch, and runs recorded before ``PATCH_OUTLIVE``, drain their children first.
 A batch wider than one workflow may hold runs as parts, child TasksetRuns (``fan_out``); each
 rollout is a ``Rollout`` child (``rollout_children``).
 
@@ -95,7 +95,9 @@ class TasksetRun(StreamHandlers, FanOut, RolloutChildren):
     @workflow.run
     async def run(self, inp: TasksetRunInput) -> TasksetRunResult:
         inp = self._inp  # the same input; an add taken before run began already grew it
-        self._outlive = workflow.patched(PATCH_OUTLIVE)
+        # A streamed batch drains before continuing as new: with rollouts outliving its runs, a
+        # 20,000-rollout stream measured worse delivery lag (benchmarks/README.md, 2026-12-06).
+        self._outlive = inp.stream is None and workflow.patched(PATCH_OUTLIVE)
         total = self._total(inp)
         first = inp.next_index if inp.part is not None else 0  # a part counts its own slots
         progress = inp.progress or Progress(job_id=inp.job_id, batch_index=inp.batch_index,
