@@ -118,6 +118,7 @@ async def test_a_worker_killed_while_a_run_awaits_carried_rollouts_loses_none(
         assert all(pid in killed for pid in pids[:-1]), (rid, pids, killed)
 
 
+@pytest.mark.slow  # waits for a continue-as-new with four 120 s agents running, then their teardown (~30 s)
 async def test_cancelling_a_batch_cancels_its_carried_rollouts_and_tears_them_down(
         client, task_queue, tmp_path) -> None:
     agents = tmp_path / "agents.log"

@@ -72,6 +72,7 @@ async def test_a_long_finished_job_shows_its_counters_and_latest_rollouts(
     assert "24 rollouts: 24 succeeded" in every and "latest 20" not in every
 
 
+@pytest.mark.slow  # a live job watched while it runs (~6 s)
 async def test_a_long_running_job_shows_live_counters(
         client, dev_server, task_queue, small_threshold, tmp_path: Path) -> None:
     log = tmp_path / "agents.log"

@@ -191,6 +191,7 @@ async def test_a_failing_grade_retries_alone(env: WorkflowEnvironment) -> None:
     assert stubs.calls == Counter({s: 1 for s in CARD} | {"grade": 3})
 
 
+@pytest.mark.slow  # waits out a heartbeat timeout (~4 s)
 async def test_an_agent_that_stops_heartbeating_is_retried_after_its_heartbeat_timeout(
         env: WorkflowEnvironment) -> None:
     stubs = Stubs()
