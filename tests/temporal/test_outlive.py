@@ -55,9 +55,11 @@ def _awaits(history) -> int:
 async def test_a_run_continues_as_new_with_rollouts_running_and_each_is_counted_once(
         client, task_queue, tmp_path) -> None:
     agents = tmp_path / "agents.log"
-    handle = await start_job(_rows(12), CountingAgent(answer="x", seconds=0.6, log=str(agents)),
-                             runtime=LocalRuntime(ENV_FILE), max_concurrent=5, temporal=client,
-                             worker=True, task_queue=task_queue, max_history_events=40)
+    # Ten quick rows end and grow the history past 40 events while the two slow ones still run.
+    agent = CountingAgent(answer="x", seconds=0.2, log=str(agents), slow_tags=["row0", "row1"],
+                          slow_seconds=6.0)
+    handle = await start_job(_rows(12), agent, runtime=LocalRuntime(ENV_FILE), max_concurrent=12,
+                             temporal=client, worker=True, task_queue=task_queue, max_history_events=40)
     job = await asyncio.wait_for(handle.wait(), 120)
     ids = sorted(r.rollout_id for r in job.runs)
     assert len(ids) == len(set(ids)) == 12 and {r.status for r in job.runs} == {"succeeded"}
