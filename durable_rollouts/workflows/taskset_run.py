@@ -19,6 +19,7 @@ stays open after its last rollout until its consumers caught up (or ``linger_s``
 from __future__ import annotations
 
 import asyncio
+import math
 from datetime import timedelta
 from typing import Any
 
@@ -212,10 +213,7 @@ class TasksetRun(StreamHandlers, FanOut, RolloutChildren):
         await workflow.wait_condition(settled)
         while not settled():
             await workflow.wait_condition(settled)
-        for fut in self._in_order([f for f in pending if f.done()]):  # ended meanwhile: count them
-            results.append(fut.result())
-            progress.running -= 1
-            self._count(inp, fut.result())
+        self._tally(inp, [f for f in pending if f.done()], results)  # ended meanwhile: count them
         carry = inp.model_copy(update={
             "next_index": index, "results": results, "result_refs": refs,
             # only groups that still have rollouts to start need their resolved task
@@ -337,7 +335,13 @@ class TasksetRun(StreamHandlers, FanOut, RolloutChildren):
         for cond in (ack, stop, grown):
             if cond is not None and not cond.done():
                 cond.cancel()
-        for fut in self._in_order([f for f in done if f is not ack and f is not stop and f is not grown]):
+        self._tally(inp, [f for f in done if f is not ack and f is not stop and f is not grown], results)
+
+    def _tally(self, inp: TasksetRunInput, done: list[asyncio.Task[RolloutResult]],
+               results: list[RolloutResult]) -> None:
+        """Count the rollouts in ``done`` (each ended), in the order they ended."""
+        assert self._progress is not None
+        for fut in self._in_order(done):
             result = fut.result()
             results.append(result)
             self._progress.running -= 1
@@ -356,8 +360,8 @@ class TasksetRun(StreamHandlers, FanOut, RolloutChildren):
             self._event_order = workflow.patched(PATCH_EVENT_ORDER)
         if not self._event_order:
             return sorted(done, key=lambda f: f.result().rollout_id)
-        last = len(self._ended) + 1_000_000_000  # (never: every ended rollout was numbered)
-        return sorted(done, key=lambda f: (self._ended.pop(f.result().rollout_id, last), f.result().rollout_id))
+        return sorted(done, key=lambda f: (  # (math.inf never: every ended rollout was numbered)
+            self._ended.pop(f.result().rollout_id, math.inf), f.result().rollout_id))
 
     def _until(self, inp: TasksetRunInput, index: int, total: int) -> int:
         """The batch's slots: ``total``; an open-ended one (``epochs=None``) ends with the group
