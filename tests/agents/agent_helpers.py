@@ -117,9 +117,11 @@ class StepsModel:
 class TurnsAgent(Agent):
     """``turns`` turns; each sleeps ``think_s`` (the "model"), appends ``<rollout> <turn> <pid>``
     to ``log`` (the "tool call"), checkpoints (unless ``checkpoint=False``) and then appends the
-    turn to ``log + '.cp'`` (so a test knows the checkpoint returned). Answers ``answer``."""
+    turn to ``log + '.cp'`` (so a test knows the checkpoint returned). Answers ``answer``. A
+    row whose args' tag is a key of ``turns_for`` takes that many turns instead."""
 
     turns: int = 5
+    turns_for: dict[str, int] = {}
     think_s: float = 0.3
     log: str = ""
     answer: str = "x"
@@ -130,7 +132,9 @@ class TurnsAgent(Agent):
         state = run.restored_state or {"turn": 0, "resumed": 0}
         if run.restored_state is not None:
             state["resumed"] += 1
-        while state["turn"] < self.turns:
+        tag = run.task.args.get("tag") if run.task is not None else None
+        turns = self.turns_for.get(tag, self.turns) if isinstance(tag, str) else self.turns
+        while state["turn"] < turns:
             await asyncio.sleep(self.think_s)
             state["turn"] += 1
             _append(self.log, f"{run.rollout_id} {state['turn']} {os.getpid()}")

@@ -4,7 +4,8 @@ A ``TasksetRun`` whose history grew long used to stop starting rollouts and wait
 in flight before continuing as new. Its children now start with the ``ABANDON`` parent-close
 policy; the run carries the ones still running (``TasksetRunInput.carried``) and the next run
 awaits them by activity (``rollouts.await_rollouts``). Each rollout still runs once and is
-counted once; a worker SIGKILLed while a run awaits carried rollouts loses nothing; cancelling
+counted once; a worker SIGKILLed mid-turn while a run awaits carried rollouts loses nothing and
+repeats no side effect (the agents' turns resume from their checkpoints); cancelling
 the batch cancels the carried rollouts too and waits for their teardown. Real dev server, real
 env servers and subprocesses, real worker processes.
 """
@@ -16,6 +17,7 @@ import os
 from pathlib import Path
 
 import pytest
+from agent_helpers import TurnsAgent
 from temporal_helpers import ENV_FILE, CountingAgent, WorkerProcess, async_wait_for, read_lines
 from temporalio.api.enums.v1 import EventType, WorkflowExecutionStatus
 from temporalio.worker import Replayer
@@ -27,6 +29,9 @@ from durable_rollouts.temporal.batches import start_job
 from durable_rollouts.temporal.codec import data_converter
 from durable_rollouts.workflows import Rollout, TasksetRun, workflow_id
 from durable_rollouts.workflows.types import ACT_AWAIT_ROLLOUTS
+
+AGENT_TESTS = Path(__file__).resolve().parent.parent / "agents"  # agent_helpers, for the workers
+SLOW_TURNS = 16  # of the two rows the run carries (0.5 s each)
 
 
 def _rows(n: int, evidence: Path | None = None) -> Taskset:
@@ -80,18 +85,21 @@ async def test_a_run_continues_as_new_with_rollouts_running_and_each_is_counted_
 
 @pytest.mark.slow  # a SIGKILLed worker: the await's 30 s heartbeat timeout, then the rest (~50 s)
 @pytest.mark.timeout(300)
-async def test_a_worker_killed_while_a_run_awaits_carried_rollouts_loses_none(
+async def test_a_worker_killed_mid_turn_while_a_run_awaits_carried_rollouts_loses_and_repeats_none(
         client, dev_server, task_queue, tmp_path, monkeypatch) -> None:
     monkeypatch.setenv("ROLLOUTS_QUEUE_TIMEOUT", "3")  # a killed worker's substrates: gone soon
     monkeypatch.setenv("ROLLOUTS_AGENT_HEARTBEAT", "5")  # and its agent steps noticed soon
-    agents = tmp_path / "agents.log"
-    workers = [WorkerProcess(dev_server.address, task_queue)]
+    turns = tmp_path / "turns.log"  # one line per side effect (a "tool call"): rollout, turn, pid
+    agent_path = os.pathsep.join([str(AGENT_TESTS), os.environ.get("PYTHONPATH", "")])
+    workers = [WorkerProcess(dev_server.address, task_queue, env={"PYTHONPATH": agent_path})]
     killed: list[int] = []
     try:
-        # Six quick rows end and grow the history: the run continues as new with the two slow ones.
-        agent = CountingAgent(answer="x", seconds=0.3, log=str(agents), slow_tags=["row0", "row1"],
-                              slow_seconds=8.0)
-        handle = await start_job(_rows(8), agent, runtime=LocalRuntime(ENV_FILE), max_concurrent=8,
+        # Six one-turn rows end and grow the history: the run continues as new with the two
+        # 16-turn ones running; each of their turns checkpoints after its side effect. Their envs
+        # are processes of their own, so they outlive the worker and the agents resume.
+        agent = TurnsAgent(turns=1, turns_for={"row0": SLOW_TURNS, "row1": SLOW_TURNS}, think_s=0.5,
+                           log=str(turns), answer="x")
+        handle = await start_job(_rows(8), agent, runtime=SubprocessRuntime(ENV_FILE), max_concurrent=8,
                                  temporal=client, worker=False, task_queue=task_queue,
                                  max_history_events=20)
         wid = workflow_id(handle.job.id)
@@ -104,20 +112,34 @@ async def test_a_worker_killed_while_a_run_awaits_carried_rollouts_loses_none(
         while not await awaiting():
             assert asyncio.get_running_loop().time() < deadline, "no run awaits carried rollouts"
             await asyncio.sleep(0.2)
+        # Mid-turn: right after a slow row's checkpoint returned, while its next turn "thinks".
+        checkpoints = Path(str(turns) + ".cp")
+        seen = len(read_lines(checkpoints))
+        await async_wait_for(lambda: len(read_lines(checkpoints)) > seen, timeout=10)
         killed.append(workers[-1].pid)
         workers[-1].kill()  # with the await_rollouts activity and every agent on it
-        workers.append(WorkerProcess(dev_server.address, task_queue))
+        workers.append(WorkerProcess(dev_server.address, task_queue, env={"PYTHONPATH": agent_path}))
         job = await asyncio.wait_for(handle.wait(), 180)
     finally:
         for worker in workers:
             worker.stop()
     ids = sorted(r.rollout_id for r in job.runs)
     assert len(ids) == len(set(ids)) == 8 and {r.status for r in job.runs} == {"succeeded"}
-    runs = [line.split() for line in read_lines(agents)]
-    assert sorted({rid for _, rid in runs}) == ids
-    for rid in ids:  # ran again only if it was in flight on the killed worker
-        pids = [int(pid) for pid, r in runs if r == rid]
-        assert all(pid in killed for pid in pids[:-1]), (rid, pids, killed)
+    effects: dict[str, list[tuple[int, int]]] = {}
+    for line in read_lines(turns):
+        rid, turn, pid = line.split()
+        effects.setdefault(rid, []).append((int(turn), int(pid)))
+    assert sorted(effects) == ids
+    slow = [rid for rid in ids if len(effects[rid]) > 1]
+    assert len(slow) == 2, effects
+    for rid in ids:  # every side effect exactly once, in order
+        want = SLOW_TURNS if rid in slow else 1
+        assert [turn for turn, _ in effects[rid]] == list(range(1, want + 1)), (rid, effects[rid])
+    # The kill landed mid-way through the carried rollouts: each began on the killed worker and
+    # resumed from its checkpoint on the new one (turns before and after, none repeated).
+    for rid in slow:
+        pids = [pid for _, pid in effects[rid]]
+        assert pids[0] in killed and pids[-1] not in killed, (rid, pids, killed)
 
 
 @pytest.mark.slow  # waits for a continue-as-new with four 120 s agents running, then their teardown (~30 s)
