@@ -156,8 +156,9 @@ async def _run(client: Client, stubs: Stubs, inp: RolloutInput) -> tuple[Any, An
 def _attempts(history: Any, activity_type: str) -> int:
     """The attempt that completed ``activity_type`` (a local activity's marker or a started event)."""
     for event in history.events:
-        if event.HasField("marker_recorded_event_attributes"):
-            data = json.loads(event.marker_recorded_event_attributes.details["data"].payloads[0].data)
+        marker = event.marker_recorded_event_attributes
+        if event.HasField("marker_recorded_event_attributes") and marker.marker_name == "core_local_activity":
+            data = json.loads(marker.details["data"].payloads[0].data)
             if data.get("activity_type") == activity_type:
                 return int(data["attempt"])
     scheduled = {e.event_id: e.activity_task_scheduled_event_attributes.activity_type.name
