@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import os
 import tempfile
+from typing import Any
+
+import pytest
 
 os.environ["ROLLOUTS_HOME"] = tempfile.mkdtemp(prefix="rollouts-test-")
 
@@ -34,7 +37,6 @@ SLOW = (
 
 
 def pytest_collection_modifyitems(config: object, items: list) -> None:  # type: ignore[type-arg]
-    import pytest
 
     here = os.path.dirname(os.path.abspath(__file__)) + os.sep
     for item in items:
@@ -42,3 +44,23 @@ def pytest_collection_modifyitems(config: object, items: list) -> None:  # type:
         relative = path[len(here):] if path.startswith(here) else path
         if relative.startswith(SLOW):
             item.add_marker(pytest.mark.slow)
+
+
+# `pytest -n 2` (the README's command; pytest-xdist): whole files go to one process each, so a
+# file's module fixtures start once and its tests keep their order; the Docker tests all go to
+# one, since they list and sweep every test container of the engine. Each process has its own
+# ROLLOUTS_HOME (above) and its own dev servers. (xdist's ``--dist loadgroup`` marks do not take
+# on pytest 9.2, whose node ids ignore the suffix xdist adds; this hook is xdist's own.)
+DOCKER_FILES = "tests/providers/test_docker"
+
+
+@pytest.hookimpl(optionalhook=True)  # without xdist installed, never called
+def pytest_xdist_make_scheduler(config: Any, log: Any) -> Any:
+    from xdist.scheduler import LoadScopeScheduling
+
+    class FileScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            path = nodeid.split("::", 1)[0]
+            return "docker" if path.startswith(DOCKER_FILES) else path
+
+    return FileScheduling(config, log)
