@@ -87,8 +87,6 @@ AGENT_LOST_WORKER_ROUNDS = 3
 LOST_QUEUE_TEARDOWN = timedelta(seconds=5)
 # Cheap steps of a pinned substrate run as local activities beside it (see _local_beside_substrate).
 PATCH_LOCAL_BESIDE_SUBSTRATE = "rollout-local-steps-beside-substrate"
-# Teardown waits until the local steps before it are in history (see _record_local_steps).
-PATCH_RECORD_BEFORE_TEARDOWN = "rollout-record-local-steps-before-teardown"
 
 
 @dataclass
@@ -203,7 +201,6 @@ class CardRollout(AgentTurns):
         finally:
             if a.endpoint is not None:
                 self._phase = "teardown"
-                await self._record_local_steps()
                 await self._teardown(a)
 
     async def _provision(self, step: StepOptions, a: _Attempt) -> None:
@@ -322,22 +319,6 @@ class CardRollout(AgentTurns):
                         await self._call(a.plan["verify_close"], opened, None, opened.endpoint, a.plan)
         raise Errored(step.phase, f"verifier substrate gone {a.inp.max_attempts} times: {last}")
 
-    async def _record_local_steps(self) -> None:
-        """End the workflow task before teardown when local steps ran in it (grade, verify).
-
-        A local activity's result reaches history only when its workflow task completes. Were
-        teardown to run in the same task, a worker dying after it would leave a history without
-        the grade: the next worker replays the grade against the torn-down substrate, takes it
-        for a dead one and runs the agent again (its tool calls too) and the env grades twice.
-        A 1 ms timer ends the task, so the grade is recorded before the substrate goes."""
-        if not self._unrecorded or not workflow.patched(PATCH_RECORD_BEFORE_TEARDOWN):
-            return
-        self._unrecorded = False
-        try:
-            await workflow.sleep(timedelta(milliseconds=1))
-        except asyncio.CancelledError:  # cancelled meanwhile: teardown runs all the same
-            pass
-
     async def _teardown(self, a: _Attempt) -> None:
         # Runs also after cancellation: a fresh activity started here is not cancelled.
         assert a.endpoint is not None
@@ -360,11 +341,9 @@ class CardRollout(AgentTurns):
         queue = endpoint.task_queue if endpoint is not None else None
         pinned = queue is not None and queue != self._queue
         if step.local and (not pinned or self._local_beside_substrate()):
-            self._unrecorded = True
             return await workflow.execute_local_activity(
                 step.activity, arg, result_type=result_type, summary=step.step,
                 start_to_close_timeout=step.start_to_close, retry_policy=step.retry)
-        self._unrecorded = False  # scheduling an activity ends the task: what ran before is recorded
         while True:
             try:
                 return await workflow.execute_activity(
@@ -396,7 +375,6 @@ class CardRollout(AgentTurns):
     _queue = ""
     _last_phase = "provisioning"
     _beside: bool | None = None
-    _unrecorded = False  # a local step ran since the workflow task last ended
 
 
 @workflow.defn(name="Rollout")

@@ -112,8 +112,14 @@ async def test_a_worker_killed_mid_turn_while_a_run_awaits_carried_rollouts_repe
         while not await awaiting():
             assert asyncio.get_running_loop().time() < deadline, "no run awaits carried rollouts"
             await asyncio.sleep(0.2)
-        # Mid-turn: right after a slow row's checkpoint returned, while its next turn "thinks".
+        # Mid-turn: both slow rows past their second turn, right after a checkpoint returned.
         checkpoints = Path(str(turns) + ".cp")
+
+        def slow_rows_past_turn_2() -> bool:
+            return len({line.split()[0] for line in read_lines(checkpoints)
+                        if int(line.split()[1]) >= 2}) == 2
+
+        await async_wait_for(slow_rows_past_turn_2, timeout=30)
         seen = len(read_lines(checkpoints))
         await async_wait_for(lambda: len(read_lines(checkpoints)) > seen, timeout=10)
         killed.append(workers[-1].pid)
