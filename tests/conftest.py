@@ -37,7 +37,6 @@ SLOW = (
 
 
 def pytest_collection_modifyitems(config: object, items: list) -> None:  # type: ignore[type-arg]
-
     here = os.path.dirname(os.path.abspath(__file__)) + os.sep
     for item in items:
         path = str(item.fspath)

@@ -20,18 +20,26 @@ async def job_histories(client: Any, job: Any) -> bytes:
     return raw
 
 
+def local_activity(event: Any) -> dict[str, Any] | None:
+    """What a local activity's marker event records (its ``activity_type``, ``attempt``, ...);
+    None for any other event, a patch marker included."""
+    import json
+
+    if not event.HasField("marker_recorded_event_attributes"):
+        return None
+    marker = event.marker_recorded_event_attributes
+    if marker.marker_name != "core_local_activity":
+        return None
+    return json.loads(marker.details["data"].payloads[0].data)  # type: ignore[no-any-return]
+
+
 def step_events(history: Any) -> list[tuple[str, str]]:
     """The steps a workflow history records, in order: ``(activity type, kind)`` per step, where
     kind is ``local`` (a local activity's marker) or ``activity`` (a scheduled activity)."""
-    import json
-
     out: list[tuple[str, str]] = []
     for event in history.events:
-        if event.HasField("marker_recorded_event_attributes"):
-            marker = event.marker_recorded_event_attributes
-            if marker.marker_name == "core_local_activity":
-                data = json.loads(marker.details["data"].payloads[0].data)
-                out.append((data["activity_type"], "local"))
+        if (data := local_activity(event)) is not None:
+            out.append((data["activity_type"], "local"))
         elif event.HasField("activity_task_scheduled_event_attributes"):
             out.append((event.activity_task_scheduled_event_attributes.activity_type.name, "activity"))
     return out

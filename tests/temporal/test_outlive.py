@@ -48,6 +48,11 @@ async def _runs(client, wid: str) -> list:
             for e in sorted(runs, key=lambda e: e.start_time)]
 
 
+def _turns(log: Path) -> list[tuple[str, int, int]]:
+    """``TurnsAgent``'s lines of ``log``: (rollout id, turn, pid) each."""
+    return [(rid, int(turn), int(pid)) for rid, turn, pid in (line.split() for line in read_lines(log))]
+
+
 def _count(history, kind: int) -> int:
     return sum(1 for e in history.events if e.event_type == kind)
 
@@ -116,8 +121,7 @@ async def test_a_worker_killed_mid_turn_while_a_run_awaits_carried_rollouts_repe
         checkpoints = Path(str(turns) + ".cp")
 
         def slow_rows_past_turn_2() -> bool:
-            return len({line.split()[0] for line in read_lines(checkpoints)
-                        if int(line.split()[1]) >= 2}) == 2
+            return len({rid for rid, turn, _ in _turns(checkpoints) if turn >= 2}) == 2
 
         await async_wait_for(slow_rows_past_turn_2, timeout=30)
         seen = len(read_lines(checkpoints))
@@ -132,11 +136,9 @@ async def test_a_worker_killed_mid_turn_while_a_run_awaits_carried_rollouts_repe
     ids = sorted(r.rollout_id for r in job.runs)
     assert len(ids) == len(set(ids)) == 8 and {r.status for r in job.runs} == {"succeeded"}
     effects: dict[str, list[tuple[int, int]]] = {}
-    for line in read_lines(turns):
-        rid, turn, pid = line.split()
-        effects.setdefault(rid, []).append((int(turn), int(pid)))
-    checkpointed = {(rid, int(turn), int(pid))
-                    for rid, turn, pid in (line.split() for line in read_lines(checkpoints))}
+    for rid, turn, pid in _turns(turns):
+        effects.setdefault(rid, []).append((turn, pid))
+    checkpointed = set(_turns(checkpoints))
     assert sorted(effects) == ids
     slow = [rid for rid in ids if len({turn for turn, _ in effects[rid]}) > 1]
     assert len(slow) == 2, effects

@@ -10,7 +10,6 @@ cancelled rollout's teardown, and the verifier's steps.
 from __future__ import annotations
 
 import asyncio
-import json
 import uuid
 from collections import Counter
 from collections.abc import AsyncIterator, Callable
@@ -18,7 +17,7 @@ from typing import Any
 
 import pytest
 import pytest_asyncio
-from history_scan import step_events, step_names
+from history_scan import local_activity, step_events, step_names
 from temporalio import activity
 from temporalio.client import Client, WorkflowFailureError
 from temporalio.common import SearchAttributeKey
@@ -156,11 +155,9 @@ async def _run(client: Client, stubs: Stubs, inp: RolloutInput) -> tuple[Any, An
 def _attempts(history: Any, activity_type: str) -> int:
     """The attempt that completed ``activity_type`` (a local activity's marker or a started event)."""
     for event in history.events:
-        marker = event.marker_recorded_event_attributes
-        if event.HasField("marker_recorded_event_attributes") and marker.marker_name == "core_local_activity":
-            data = json.loads(marker.details["data"].payloads[0].data)
-            if data.get("activity_type") == activity_type:
-                return int(data["attempt"])
+        data = local_activity(event)
+        if data is not None and data.get("activity_type") == activity_type:
+            return int(data["attempt"])
     scheduled = {e.event_id: e.activity_task_scheduled_event_attributes.activity_type.name
                  for e in history.events if e.HasField("activity_task_scheduled_event_attributes")}
     for event in history.events:
