@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from ..client import channel, kept
-from ..errors import SessionGoneError
+from ..errors import SessionGoneError, SubstrateGoneError
 from ..models import Endpoint, Grade, Session
 from ..paths import rollouts_home, safe_name
 from ..runtimes import DurableProvider, provider_from_spec
@@ -28,6 +28,7 @@ from ..step_io import (
     StartInput,
     TeardownInput,
 )
+from ..stores import grade_receipts
 
 __all__ = [
     "actor_result",
@@ -74,17 +75,28 @@ async def grade(inp: GradeInput, *, client: channel.EnvClient | None = None, ret
     ``retried``: an earlier try of this step may have graded already. Our server then answers with
     the same grade; a HUD v6 server has forgotten the graded session, and the grade is reported
     lost (``channel.lost_grade``) instead of reprovisioning and re-running the agent.
+    Every grade received is kept as a receipt on this host (``stores.grade_receipts``); a grade
+    that finds its substrate gone returns the receipt if there is one (graded before, then torn
+    down or lost before the grade was recorded), so the rollout does not run again.
     """
     if client is not None:
         return await channel.grade_in(client, inp.answer, inp.agent_error)
+    key, session_id = inp.endpoint.key, inp.session.session_id
     try:
         client = await channel.resume(inp.endpoint, inp.session)
-    except SessionGoneError as exc:
-        if retried and not channel.SERVER_TRAITS[inp.session.server].keeps_graded_sessions:
+    except SubstrateGoneError as exc:
+        # graded here before, then torn down (or lost with its worker) before the grade was
+        # recorded: the receipt has what the environment said (``stores.grade_receipts``)
+        if (kept_grade := grade_receipts.find(key, session_id)) is not None:
+            return kept_grade
+        if (isinstance(exc, SessionGoneError) and retried
+                and not channel.SERVER_TRAITS[inp.session.server].keeps_graded_sessions):
             return channel.lost_grade(inp.session, inp.answer, inp.agent_error, exc)
         raise
     async with kept.lent(inp.endpoint, client):  # kept for the teardown step's bye
-        return await channel.grade_in(client, inp.answer, inp.agent_error)
+        graded = await channel.grade_in(client, inp.answer, inp.agent_error)
+    grade_receipts.keep(key, session_id, graded)
+    return graded
 
 
 def actor_result(grade: Grade | None, answer: str | None, agent_error: str | None = None) -> dict[str, Any]:

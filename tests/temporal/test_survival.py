@@ -44,6 +44,14 @@ def echo(expected: str, evidence: Path, **extra: object) -> Task:
         "pid_file": str(evidence / "env.pid"), **extra})
 
 
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
 async def test_worker_killed_mid_agent_another_worker_finishes_once(client, task_queue, start_worker,
                                                                      evidence: Path, short_heartbeat) -> None:
     """SIGKILL the worker while the agent runs: a second worker retries the agent on the parked
@@ -119,13 +127,45 @@ async def test_worker_killed_after_grade_regrade_returns_cached_result(client, t
     assert len(read_lines(evidence / "grades.log")) == 1
 
 
-async def test_worker_killed_after_an_in_process_grade_reruns_on_a_fresh_substrate(
-        client, task_queue, start_worker, evidence: Path, monkeypatch) -> None:
-    """An in-process substrate lives in the worker that provisioned it; its later steps run on
-    that worker's own queue. SIGKILL right after the env graded, before the result is recorded:
-    the retried grade finds the queue unpolled (schedule-to-start), the substrate counts as gone,
-    and the rollout runs again on a fresh substrate in the live worker: graded once per
-    substrate, never twice on one, and the result records the lost attempt."""
+async def test_worker_killed_after_teardown_before_its_task_completed_grades_once_and_runs_the_agent_once(
+        client, task_queue, start_worker, evidence: Path) -> None:
+    """SIGKILL right after teardown returned: grade and teardown ran as local activities in one
+    workflow task, which never completed, so the history has neither. The next worker replays the
+    grade against the torn-down env; the grade step's receipt (``stores.grade_receipts``) answers
+    with the first grade, so the rollout does not run again: one attempt, the agent once, one
+    grade. Before receipts the replayed grade took the torn-down env for a dead substrate and
+    the rollout ran again from provision (agent and grade twice)."""
+    faults = {"ROLLOUTS_FAULTS": "after_teardown", "ROLLOUTS_FAULTS_DIR": str(evidence)}
+    agents = evidence / "agents.log"
+    first = start_worker(**faults)
+    handle = await start_job(Taskset("t", [echo("x", evidence)]), CountingAgent(answer="x", log=str(agents)),
+                             runtime=SubprocessRuntime(ENV_FILE), temporal=client, worker=False,
+                             task_queue=task_queue)
+    await async_wait_for(lambda: first.proc.poll() is not None, what="worker death")
+    assert first.proc.returncode == -signal.SIGKILL and (evidence / "after_teardown.fired").exists()
+    pid = int((evidence / "env.pid").read_text())
+    await async_wait_for(lambda: not _alive(pid), what="the torn-down env's exit")
+    start_worker(**faults)
+    job = await asyncio.wait_for(handle.wait(), 60)
+    (run,) = job.runs
+    assert (run.status, run.reward, run.attempts) == ("succeeded", 1.0, 1), run.error
+    assert len(read_lines(evidence / "grades.log")) == 1
+    assert len(read_lines(agents)) == 1
+
+
+@pytest.mark.parametrize("second_host", [False, True], ids=["same-host", "another-host"])
+async def test_worker_killed_after_an_in_process_grade_keeps_the_grade_on_its_host(
+        client, task_queue, start_worker, evidence: Path, monkeypatch, second_host: bool) -> None:
+    """An in-process substrate lives in the worker that provisioned it and dies with it. SIGKILL
+    right after the env graded, before the grade is recorded: the grade step on the next worker
+    finds the substrate gone.
+
+    - On the same host it finds the first grade's receipt (``stores.grade_receipts``): the
+      rollout ends with that grade, one attempt, the agent once, one grade.
+    - On another host (here: another ``ROLLOUTS_HOME``) there is no receipt: the rollout runs
+      again on a fresh substrate in the live worker, graded once per substrate, never twice on
+      one, and the result records the lost attempt.
+    """
     monkeypatch.setenv("ROLLOUTS_QUEUE_TIMEOUT", "3")
     faults = {"ROLLOUTS_FAULTS": "after_grade", "ROLLOUTS_FAULTS_DIR": str(evidence)}
     agents = evidence / "agents.log"
@@ -135,14 +175,24 @@ async def test_worker_killed_after_an_in_process_grade_reruns_on_a_fresh_substra
                              task_queue=task_queue)
     await async_wait_for(lambda: first.proc.poll() is not None, what="worker death")
     assert first.proc.returncode == -signal.SIGKILL and (evidence / "after_grade.fired").exists()
-    second = start_worker(**faults)
+    home: dict[str, str] = {}
+    if second_host:
+        (evidence / "another-host").mkdir()
+        home["ROLLOUTS_HOME"] = str(evidence / "another-host")
+    second = start_worker(**faults, **home)
     job = await asyncio.wait_for(handle.wait(), 90)
     (run,) = job.runs
+    grades = read_lines(evidence / "grades.log")  # "<tag> <env pid> <answer>": the env is in the worker
+    ran = [line.split()[0] for line in read_lines(agents)]
+    if not second_host:
+        assert (run.status, run.reward, run.attempts) == ("succeeded", 1.0, 1), run.error
+        assert [line.split()[-2] for line in grades] == [str(first.pid)], grades
+        assert ran == [str(first.pid)]
+        return
     assert (run.status, run.reward, run.attempts) == ("succeeded", 1.0, 2), run.error
     assert "attempt 1 (grading)" in (run.error or ""), run.error
-    grades = read_lines(evidence / "grades.log")  # "<tag> <env pid> <answer>": the env is in the worker
     assert [line.split()[-2] for line in grades] == [str(first.pid), str(second.pid)], grades
-    assert [line.split()[0] for line in read_lines(agents)] == [str(first.pid), str(second.pid)]
+    assert ran == [str(first.pid), str(second.pid)]
 
 
 async def test_worker_killed_mid_agent_holding_an_in_process_substrate_reprovisions_elsewhere(
