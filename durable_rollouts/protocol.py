@@ -35,6 +35,7 @@ from .settings import SERVE_PORT_VAR
 __all__ = [
     "DEFAULT_MAX_LINE_BYTES",
     "ErrorCode",
+    "FEATURE_START_KEY",
     "FrameError",
     "GradeParams",
     "HelloParams",
@@ -42,6 +43,8 @@ __all__ = [
     "LineProtocol",
     "Method",
     "PROTOCOL_VERSION",
+    "RESUMED_SESSION",
+    "SERVER_FEATURES",
     "SERVE_PORT_ANNOUNCEMENT",
     "SUPPORTED_PROTOCOLS",
     "StartParams",
@@ -60,6 +63,18 @@ SUPPORTED_PROTOCOLS: tuple[str, ...] = (PROTOCOL_VERSION,)
 """Versions this side speaks, preferred first. A HUD v6 peer names none: its hello carries no
 ``protocol`` and its hello reply has no ``protocol`` member (that is how a client tells a HUD
 server from ours)."""
+
+FEATURE_START_KEY = "start_key"
+"""``tasks.start`` takes a ``start_key``: a start repeated under the same key (a replayed start
+step) moves the connection into the session that already started it and returns its prompt
+frame again, plus ``RESUMED_SESSION``, instead of running the task's setup a second time."""
+
+SERVER_FEATURES: tuple[str, ...] = (FEATURE_START_KEY,)
+"""Optional extensions this server takes, named in its ``hello`` reply (``features``); a client
+uses one only when the server names it (older servers and HUD's name none)."""
+
+RESUMED_SESSION = "resumed_session"
+"""The member a repeated keyed ``tasks.start`` adds to the prompt frame: the session it moved to."""
 
 SERVE_PORT_ANNOUNCEMENT = f"{SERVE_PORT_VAR}="
 """Printed once by ``serve`` (followed by the port) after hooks ran and the port is bound."""
@@ -138,13 +153,16 @@ class HelloResult(BaseModel):
     env: EnvInfo
     bindings: list[dict[str, Any]] = Field(default_factory=list)
     protocol: str = PROTOCOL_VERSION
+    features: list[str] = Field(default_factory=list)
 
 
 class StartParams(_Params):
-    """``tasks.start``: start task ``id`` with ``args``."""
+    """``tasks.start``: start task ``id`` with ``args``; ``start_key`` (``FEATURE_START_KEY``)
+    makes a repeated start under the same key return the first one's prompt."""
 
     id: str
     args: dict[str, Any] = Field(default_factory=dict)
+    start_key: str | None = Field(default=None, min_length=1, max_length=512)
 
 
 class GradeParams(BaseModel):

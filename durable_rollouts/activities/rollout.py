@@ -189,8 +189,11 @@ class RolloutActivities:
 
     @activity.defn(name=ACT_START)
     async def start(self, inp: StartInput) -> dict[str, Any] | Started:
+        """The start step; keyed by this run and substrate, so a start replayed after its worker
+        died before recording it gets the task it started (``steps.substrate.start``)."""
+        info = activity.info()
         with map_errors():
-            return await steps.start(inp)
+            return await steps.start(inp, start_key=f"{info.workflow_run_id}/{inp.endpoint.key}")
 
     @activity.defn(name=ACT_AGENT)
     async def agent(self, inp: AgentInput) -> AgentResult:

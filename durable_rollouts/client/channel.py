@@ -192,10 +192,11 @@ def raise_start_error(exc: ProtocolError, task: Task, server: ServerKind = "roll
     raise exc
 
 
-async def start_task(client: EnvClient, task: Task) -> dict[str, Any]:
-    """``tasks.start`` of ``task`` on ``client``; returns the prompt frame."""
+async def start_task(client: EnvClient, task: Task, start_key: str | None = None) -> dict[str, Any]:
+    """``tasks.start`` of ``task`` on ``client``; returns the prompt frame. Under ``start_key``
+    a repeated start returns the first one's frame, ``client`` moved into its session."""
     try:
-        return await client.start_task(task.id, dict(task.args))
+        return await client.start_task(task.id, dict(task.args), start_key=start_key)
     except ProtocolError as exc:
         raise_start_error(exc, task, client.server)
 

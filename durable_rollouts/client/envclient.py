@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import time
 from types import TracebackType
@@ -34,19 +35,20 @@ from ..errors import (
 )
 from ..models import ServerKind
 from ..protocol import (
+    FEATURE_START_KEY,
     PROTOCOL_VERSION,
+    RESUMED_SESSION,
     SUPPORTED_PROTOCOLS,
     EnvInfo,
     ErrorCode,
-    FrameError,
     HelloResult,
-    LineProtocol,
     Method,
     error_from_frame,
     request_frame,
 )
-from ..streams import open_stream, pipe
+from ..streams import pipe
 from .capabilities import close_capability, find_binding, open_capability
+from .framed import FramedStream, parse_url
 from .manifest import Manifest
 
 __all__ = ["EnvClient", "connect", "parse_url"]
@@ -54,71 +56,20 @@ __all__ = ["EnvClient", "connect", "parse_url"]
 log = logging.getLogger(__name__)
 
 
-def parse_url(url: str) -> tuple[str, int]:
-    """``tcp://host:port`` -> ``(host, port)``; raises ``ConfigError`` for anything else."""
-    parts = urlsplit(url)
-    if parts.scheme != "tcp" or not parts.hostname or not parts.port:
-        raise ConfigError(f"expected a tcp://host:port url, got {url!r}")
-    return parts.hostname, parts.port
-
-
-class _Stream:
-    """One framed connection: send a frame, read the next frame."""
-
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        self.reader = reader
-        self.writer = writer
-        self.proto = LineProtocol()
-        self._events: list[dict[str, Any] | FrameError] = []
-
-    @classmethod
-    async def open(cls, host: str, port: int) -> _Stream:
-        reader, writer = await open_stream(host, port)
-        return cls(reader, writer)
-
-    async def send(self, frame: dict[str, Any]) -> None:
-        self.proto.send(frame)
-        self.writer.write(self.proto.data_to_send())
-        await self.writer.drain()
-
-    async def receive(self) -> dict[str, Any]:
-        while not self._events:
-            if self.proto.eof or self.proto.broken:
-                raise ConnectionLostError("the control channel closed")
-            data = await self.reader.read(65536)
-            if data:
-                self.proto.receive_data(data)
-            else:
-                self.proto.receive_eof()
-                tail = self.proto.events_received()
-                if any(isinstance(e, FrameError) for e in tail):
-                    # an unterminated, unparsable last line: the connection was cut mid-frame
-                    # (a transport failure to retry, not a bad frame the server meant to send)
-                    raise ConnectionLostError("the control channel closed mid-frame")
-                self._events.extend(tail)
-            self._events.extend(self.proto.events_received())
-        event = self._events.pop(0)
-        if isinstance(event, FrameError):
-            raise ProtocolError(ErrorCode.INTERNAL_ERROR, f"bad frame from server: {event.message}")
-        return event
-
-    def close(self) -> None:
-        self.writer.close()
-
-
 class EnvClient:
     """A connected control-channel session (build it with :func:`connect`)."""
 
-    def __init__(self, url: str, stream: _Stream, *, token: str | None = None) -> None:
+    def __init__(self, url: str, stream: FramedStream, *, token: str | None = None) -> None:
         self.url = url
         self.host, self.port = parse_url(url)
         self.token = token
         self.session_id: str | None = None
+        self.features: frozenset[str] = frozenset()  # the optional extensions the server named
         self.server: ServerKind = "rollouts"  # "hud": a HUD v6 server (its hello reply names no protocol)
         self.env: EnvInfo | None = None
         self.bindings: list[dict[str, Any]] = []
         self.manifest: Manifest | None = None  # the hello reply, as HUD's client has it
-        self._stream: _Stream | None = stream
+        self._stream: FramedStream | None = stream
         self._lock = asyncio.Lock()
         self._next_id = 0
         self._forwarders: dict[str, tuple[asyncio.Server, dict[str, Any]]] = {}
@@ -187,6 +138,7 @@ class EnvClient:
             self._drop()
             raise ProtocolError(ErrorCode.INTERNAL_ERROR, f"malformed hello reply: {exc.errors()[0]['msg']}") from None
         self.server = "rollouts" if spoken is not None else "hud"
+        self.features = frozenset(info.features)
         self.session_id = info.session_id
         self.env = info.env
         self.bindings = info.bindings
@@ -201,9 +153,24 @@ class EnvClient:
             raise ProtocolError(ErrorCode.INTERNAL_ERROR, f"malformed tasks.list reply: {str(tasks)[:100]}")
         return tasks
 
-    async def start_task(self, id: str, args: dict[str, Any] | None = None) -> dict[str, Any]:
-        """Start task ``id``; returns the prompt frame."""
-        return await self._call(Method.TASKS_START, {"id": id, "args": args or {}})
+    async def start_task(self, id: str, args: dict[str, Any] | None = None, *,
+                         start_key: str | None = None) -> dict[str, Any]:
+        """Start task ``id``; returns the prompt frame.
+
+        ``start_key`` (sent only to a server that names ``FEATURE_START_KEY``): a start already
+        made under it returns that task's prompt frame, and this client speaks for its session
+        from then on (``session_id`` changes), so the task's setup runs once."""
+        params: dict[str, Any] = {"id": id, "args": args or {}}
+        keyed = start_key is not None and FEATURE_START_KEY in self.features
+        if keyed:
+            params["start_key"] = start_key
+        frame = await self._call(Method.TASKS_START, params)
+        moved = frame.pop(RESUMED_SESSION, None) if keyed else None
+        if isinstance(moved, str) and moved:
+            self.session_id = moved
+            if self.manifest is not None:
+                self.manifest = dataclasses.replace(self.manifest, session_id=moved)
+        return frame
 
     async def grade(self, answer: Any, **extra: Any) -> dict[str, Any]:
         """Grade the session's task (or adopt the lone parked one); returns the score frame."""
@@ -281,9 +248,9 @@ class EnvClient:
         task = asyncio.current_task()
         if task is not None:
             self._tunnels.add(task)
-        stream: _Stream | None = None
+        stream: FramedStream | None = None
         try:
-            stream = await _Stream.open(self.host, self.port)
+            stream = await FramedStream.open(self.host, self.port)
             stream.proto.frame_limit = 1  # bytes after the reply belong to the capability
             params: dict[str, Any] = {"capability": capability}
             if self.token is not None:
@@ -425,7 +392,7 @@ async def _connect(
             raise ReadyTimeoutError(f"{url} not ready after {ready_timeout:.1f} s (last error: {last})")
         client: EnvClient | None = None
         try:
-            stream = await asyncio.wait_for(_Stream.open(host, port), timeout=remaining)
+            stream = await asyncio.wait_for(FramedStream.open(host, port), timeout=remaining)
             client = EnvClient(url, stream, token=token)
             await asyncio.wait_for(client.hello(session_id), timeout=max(0.05, deadline - time.monotonic()))
         except ProtocolError:

@@ -20,6 +20,8 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from ..errors import ConfigError, InvalidStateError, ProtocolError
 from ..protocol import (
+    RESUMED_SESSION,
+    SERVER_FEATURES,
     SUPPORTED_PROTOCOLS,
     ErrorCode,
     FrameError,
@@ -174,6 +176,7 @@ class Dispatcher:
             env={"name": self.env.name, "version": self.env.version},  # type: ignore[arg-type]
             bindings=[c.manifest() for c in self.env.capabilities],
             protocol=protocol,
+            features=list(SERVER_FEATURES),
         ).model_dump()
 
     async def _hello(self, conn: Connection, p: HelloParams) -> dict[str, Any]:
@@ -205,6 +208,8 @@ class Dispatcher:
 
     async def _start(self, conn: Connection, p: StartParams) -> dict[str, Any]:
         session = self._ensure_session(conn)
+        if p.start_key is not None and (again := await self._started_before(conn, session, p.start_key)):
+            return again
         template = self.env.get_template(p.id)
         args = template.bind_arguments(p.args)
         # Replacing this session's own task needs no new slot. No await between this check and
@@ -225,11 +230,34 @@ class Dispatcher:
         runner = TaskRunner(template, args)
         await session.replace_runner(runner)
         try:
-            return await runner.start()
+            prompt = await runner.start()
         except BaseException:
             if session.runner is runner:
                 session.runner = None
             raise
+        if p.start_key is not None:
+            self.sessions.remember_start(p.start_key, session)
+        return prompt
+
+    async def _started_before(self, conn: Connection, session: Session, key: str) -> dict[str, Any] | None:
+        """The prompt frame of the task already started under ``key`` (a replayed start step),
+        this connection moved into its session, which is named in the frame
+        (``RESUMED_SESSION``); None to start the task (nothing started under ``key``, or its
+        session is live on another connection, e.g. a hung worker's)."""
+        prior = self.sessions.started_under(key, conn.owner)
+        if prior is None or prior.runner is None or prior.runner.prompt is None or not prior.runner.in_progress:
+            return None
+        if prior is session:  # the same session asks again (a retry after a lost reply)
+            return dict(prior.runner.prompt)
+        if prior.state is not SessionState.PARKED:
+            return None
+        if session.runner is None:
+            await self.sessions.close(session)  # the connect step's, never used
+        else:
+            self.sessions.park(session)
+        self.sessions.resume(prior)
+        conn.session = prior
+        return {**prior.runner.prompt, RESUMED_SESSION: prior.id}
 
     async def _grade(self, conn: Connection, p: GradeParams) -> dict[str, Any]:
         session = self._ensure_session(conn)

@@ -48,6 +48,7 @@ class TaskRunner:
         self._lock = asyncio.Lock()
         self._result: dict[str, Any] | None = None
         self._error: RemoteTaskError | None = None
+        self.prompt: dict[str, Any] | None = None  # the prompt frame, once started
 
     @property
     def task_id(self) -> str:
@@ -72,9 +73,8 @@ class TaskRunner:
             except Exception as exc:
                 await self._close_locked()
                 raise RemoteTaskError(ErrorCode.TASK_ERROR, f"task {self.task_id!r} raised: {exc!r}") from exc
-            if isinstance(first, dict) and "prompt" in first:
-                return first
-            return {"prompt": first}
+            self.prompt = dict(first) if isinstance(first, dict) and "prompt" in first else {"prompt": first}
+            return dict(self.prompt)
 
     async def grade(self, answer: Any) -> tuple[dict[str, Any], bool]:
         """Send the answer in and return ``(score frame, ran)``; ``ran`` is False for a replay.

@@ -44,6 +44,7 @@ class Session:
         self.owner = owner  # which server token created it (None without tokens)
         self.state = SessionState.LIVE
         self.runner: TaskRunner | None = None
+        self.start_key: str | None = None  # the key its task was started under, if any
         self._expiry: asyncio.Task[None] | None = None
 
     def transition(self, new: SessionState) -> None:
@@ -74,12 +75,30 @@ class SessionTable:
         self.max_idle_parked = max_idle_parked
         self._sessions: dict[str, Session] = {}
         self._idle_parked: dict[str, Session] = {}  # in parking order
+        self._by_start_key: dict[str, Session] = {}  # tasks.start's start_key -> its session
 
     def __contains__(self, session_id: str) -> bool:
         return session_id in self._sessions
 
     def get(self, session_id: str) -> Session | None:
         return self._sessions.get(session_id)
+
+    def started_under(self, start_key: str, owner: int | None) -> Session | None:
+        """The open session of token ``owner`` whose task was started under ``start_key``."""
+        session = self._by_start_key.get(start_key)
+        return session if session is not None and session.owner == owner else None
+
+    def remember_start(self, start_key: str, session: Session) -> None:
+        """``session``'s task was started under ``start_key`` (forgotten when it closes)."""
+        if session.start_key is not None:
+            self._forget_start(session)
+        session.start_key = start_key
+        self._by_start_key[start_key] = session
+
+    def _forget_start(self, session: Session) -> None:
+        if session.start_key is not None and self._by_start_key.get(session.start_key) is session:
+            del self._by_start_key[session.start_key]
+        session.start_key = None
 
     def create(self, owner: int | None = None) -> Session:
         """A new live session with a fresh id, bound to token ``owner``."""
@@ -135,6 +154,7 @@ class SessionTable:
         session.transition(SessionState.CLOSED)
         self._sessions.pop(session.id, None)
         self._idle_parked.pop(session.id, None)
+        self._forget_start(session)
         if session._expiry is not None and session._expiry is not asyncio.current_task():
             session._expiry.cancel()
         session._expiry = None
@@ -152,6 +172,7 @@ class SessionTable:
         """Close a task-less parked session now (nothing to tear down, so no await needed)."""
         session.transition(SessionState.CLOSED)
         self._sessions.pop(session.id, None)
+        self._forget_start(session)
         if session._expiry is not None:
             session._expiry.cancel()
             session._expiry = None

@@ -56,15 +56,18 @@ async def connect(inp: ConnectInput) -> Session:
     return channel.session_of(client)
 
 
-async def start(inp: StartInput) -> dict[str, Any] | Started:
+async def start(inp: StartInput, *, start_key: str | None = None) -> dict[str, Any] | Started:
     """Start ``inp.task`` in the session; returns the prompt frame (``Started`` with ``with_session``).
 
     With ``with_session`` on a HUD v6 server the task starts in a new session (the connect step's
-    ended with its connection); ``Started.session`` names it for the later steps.
+    ended with its connection); ``Started.session`` names it for the later steps. ``start_key``
+    (the durable step's: one per rollout attempt of one workflow run) makes a replayed start
+    return the task already started under it, in that task's session, where the server takes
+    keys (``protocol.FEATURE_START_KEY``): the task's setup runs once.
     """
     client = await channel.start_client(inp.endpoint, inp.session, may_move=inp.with_session)
     async with kept.lent(inp.endpoint, client):  # kept for the agent step
-        prompt = await channel.start_task(client, inp.task)
+        prompt = await channel.start_task(client, inp.task, start_key)
     return Started(session=channel.session_of(client), prompt=prompt) if inp.with_session else prompt
 
 

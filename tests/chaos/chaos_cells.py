@@ -6,7 +6,8 @@ Every cell runs ``rows`` echo rollouts of ``tests/temporal/counting_env.py`` wit
 waits for the batch and then counts, from evidence on disk and in /proc:
 
 - lost: rollouts without a result (or the batch never finished);
-- double: rows whose env (or verifier) graded more than once (one log line per real grade);
+- double: rows whose env (or verifier) graded more than once (one log line per real grade), or
+  whose task was set up twice in one env process (one log line per real setup);
 - leaked: substrate dirs left under the cell's ROLLOUTS_HOME plus live env-server processes
   started for that home;
 - wrong: rollouts whose status/reward differ from the expected outcome.
@@ -71,6 +72,9 @@ KILL_POINTS = {
     "kill@grade": "after_grade",
     "kill@verify": "after_verify",
     "kill@teardown": "before_teardown",
+    # after a local teardown, before its workflow task completed: the replayed grade answers
+    # from its receipt (stores.grade_receipts); before that the rollout ran again and graded twice
+    "kill@torn_down": "after_teardown",
 }
 CELLS = [*KILL_POINTS, "sigstop_worker", "kill_env_mid_agent", "kill_mid_turn",
          "kill_verifier_substrate", "restart_server", "cut_channel", "disk_full"]
@@ -282,7 +286,7 @@ def _rows(evidence: Path, n: int, verified: bool, verify_delay: float) -> list[T
     for i in range(n):
         task = Task(env="counting", id="echo", source=ENV_FILE, args={
             "expected": "x", "tag": str(i), "grade_log": str(evidence / f"grades-{i}.log"),
-            "pid_file": str(evidence / f"env-{i}.pid")})
+            "pid_file": str(evidence / f"env-{i}.pid"), "start_log": str(evidence / f"starts-{i}.log")})
         if verified:
             task = task.model_copy(update={"verifier": Task(env="referee", id="referee", source=ENV_FILE, args={
                 "expected": "x", "grade_log": str(evidence / f"referee-{i}.log"),
@@ -472,6 +476,10 @@ def _check(out: Outcome, cell: str, runs: list[Any], evidence: Path, rows: int, 
         if grades > 1 or referee > 1:
             out.double += 1
             out.notes.append(f"row {i}: {grades} grades, {referee} verifier grades")
+        pids = [line.split()[-1] for line in read_lines(evidence / f"starts-{i}.log")]
+        if len(set(pids)) < len(pids):  # a task set up twice in one env (a new env may set up anew)
+            out.double += 1
+            out.notes.append(f"row {i}: setups in env processes {pids}")
     if cell == "kill_mid_turn":  # every turn's side effect exactly once, and the kill was survived
         turns: dict[str, list[int]] = {}
         for line in read_lines(evidence / "turns.log"):

@@ -11,7 +11,8 @@ from fuzz_strategies import any_line, ids, json_values
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from durable_rollouts.client.envclient import EnvClient, _Stream
+from durable_rollouts.client.envclient import EnvClient
+from durable_rollouts.client.framed import FramedStream
 from durable_rollouts.errors import ConnectionLostError, ProtocolError
 
 replies = st.one_of(
@@ -39,7 +40,7 @@ async def _exchange(reply: bytes | None, method: str) -> None:
 
     server = await asyncio.start_server(handler, "127.0.0.1", 0)
     port = server.sockets[0].getsockname()[1]
-    client = EnvClient(f"tcp://127.0.0.1:{port}", await _Stream.open("127.0.0.1", port))
+    client = EnvClient(f"tcp://127.0.0.1:{port}", await FramedStream.open("127.0.0.1", port))
     try:
         result = await asyncio.wait_for(getattr(client, method)(), 5)
         assert isinstance(result, list if method == "list_tasks" else dict)

@@ -20,7 +20,8 @@ from typing import Any
 
 import pytest
 
-from durable_rollouts.client.envclient import EnvClient, _Stream
+from durable_rollouts.client.envclient import EnvClient
+from durable_rollouts.client.framed import FramedStream
 from durable_rollouts.envserver import Environment, serving
 from durable_rollouts.errors import ProtocolError
 from durable_rollouts.protocol import LineProtocol, encode_frame
@@ -157,7 +158,7 @@ async def test_a_malformed_result_from_the_server_is_a_protocol_error_in_the_cli
 
     server = await asyncio.start_server(handler, "127.0.0.1", 0)
     port = server.sockets[0].getsockname()[1]
-    client = EnvClient(f"tcp://127.0.0.1:{port}", await _Stream.open("127.0.0.1", port))
+    client = EnvClient(f"tcp://127.0.0.1:{port}", await FramedStream.open("127.0.0.1", port))
     try:
         with pytest.raises(ProtocolError, match="malformed"):
             await getattr(client, method)()

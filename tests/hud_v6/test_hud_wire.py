@@ -135,9 +135,11 @@ async def test_our_client_drives_huds_own_server(hud_served) -> None:
             await client.close()
 
 
-async def test_the_card_steps_keep_one_session_per_rollout_on_huds_server(hud_served) -> None:
+async def test_the_card_steps_keep_one_session_per_rollout_on_huds_server(
+        hud_served, tmp_path, monkeypatch) -> None:
     """connect (hello, close) -> start in a new session -> grade there -> a retried grade finds
-    the graded session gone and reports the grade lost, never grading twice -> teardown."""
+    the graded session gone: on this host it returns the grade's receipt; on another (no
+    receipt) it reports the grade lost; never grading twice -> teardown."""
     task = Task(env="letter-count", id="count_letter", args={"word": "strawberry"})
     with hud_served(QUICKSTART) as url:
         endpoint = await Runtime(url).acquire(task, "k1")
@@ -149,6 +151,8 @@ async def test_the_card_steps_keep_one_session_per_rollout_on_huds_server(hud_se
         graded = GradeInput(endpoint=endpoint, session=started.session, answer="3")
         grade = await steps.grade(graded)
         assert grade.reward == 1.0 and not grade.is_error
+        assert await steps.grade(graded, retried=True) == grade  # the receipt this host kept
+        monkeypatch.setenv("ROLLOUTS_HOME", str(tmp_path))  # another host: no receipt
         lost = await steps.grade(graded, retried=True)
         assert lost.is_error and "was lost" in lost.content and lost.reward == 0.0
         loop = asyncio.get_running_loop()

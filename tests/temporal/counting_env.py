@@ -1,8 +1,9 @@
-"""Test environments that leave evidence on disk: the pid serving a task, every real grade.
+"""Test environments that leave evidence on disk: the pid serving a task, every setup and grade.
 
-``echo`` writes its server's pid to ``pid_file`` when the task starts and appends one line to
-``grade_log`` per *real* grade (a cached, idempotent re-grade writes nothing), so crash tests can
-kill the substrate and count grades on the env side. ``referee`` is a verifier that may sleep
+``echo`` writes its server's pid to ``pid_file`` when the task starts, appends ``<tag> <pid>`` to
+``start_log`` for every real setup, and one line to ``grade_log`` per *real* grade (a cached,
+idempotent re-grade writes nothing), so crash tests can kill the substrate and count setups and
+grades on the env side. ``referee`` is a verifier that may sleep
 while grading (so a test can kill its substrate mid-verify) and logs its grades the same way.
 """
 
@@ -32,8 +33,10 @@ def _write(path: str, text: str) -> None:
 
 
 @env.template(description="Answer with `expected`; logs pid at start and every real grade.")
-async def echo(expected: str = "x", grade_log: str = "", pid_file: str = "", tag: str = ""):
+async def echo(expected: str = "x", grade_log: str = "", pid_file: str = "", tag: str = "",
+               start_log: str = ""):
     _write(pid_file, str(os.getpid()))
+    _append(start_log, f"{tag} {os.getpid()}")
     answer = yield f"Say {expected!r}."
     _append(grade_log, f"{tag} {os.getpid()} {answer}")
     yield {"score": 1.0 if str(answer or "").strip() == expected else 0.0, "info": {"answer": answer}}

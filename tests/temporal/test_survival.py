@@ -127,6 +127,31 @@ async def test_worker_killed_after_grade_regrade_returns_cached_result(client, t
     assert len(read_lines(evidence / "grades.log")) == 1
 
 
+async def test_worker_killed_after_start_before_its_task_completed_starts_the_task_once(
+        client, task_queue, start_worker, evidence: Path) -> None:
+    """SIGKILL right after the start step returned: connect and start ran as local activities in
+    one workflow task, which never completed. The next worker replays connect (a new session) and
+    start; the start is keyed by run and substrate (``tasks.start`` ``start_key``), so the env
+    hands back the task it already started, in its first session, instead of running the task's
+    setup again (which it did before: two starts in one env process). One attempt, one setup,
+    the agent once, one grade."""
+    faults = {"ROLLOUTS_FAULTS": "after_start", "ROLLOUTS_FAULTS_DIR": str(evidence)}
+    agents = evidence / "agents.log"
+    first = start_worker(**faults)
+    handle = await start_job(Taskset("t", [echo("x", evidence, start_log=str(evidence / "starts.log"))]),
+                             CountingAgent(answer="x", log=str(agents)), runtime=SubprocessRuntime(ENV_FILE),
+                             temporal=client, worker=False, task_queue=task_queue)
+    await async_wait_for(lambda: first.proc.poll() is not None, what="worker death")
+    assert first.proc.returncode == -signal.SIGKILL and (evidence / "after_start.fired").exists()
+    start_worker(**faults)
+    job = await asyncio.wait_for(handle.wait(), 60)
+    (run,) = job.runs
+    assert (run.status, run.reward, run.attempts) == ("succeeded", 1.0, 1), run.error
+    assert len(read_lines(evidence / "starts.log")) == 1
+    assert len(read_lines(evidence / "grades.log")) == 1
+    assert len(read_lines(agents)) == 1
+
+
 async def test_worker_killed_after_teardown_before_its_task_completed_grades_once_and_runs_the_agent_once(
         client, task_queue, start_worker, evidence: Path) -> None:
     """SIGKILL right after teardown returned: grade and teardown ran as local activities in one
