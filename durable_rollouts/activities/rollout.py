@@ -223,8 +223,10 @@ class RolloutActivities:
 
     @activity.defn(name=ACT_VERIFY_OPEN)
     async def verify_open(self, inp: VerifyInput) -> VerifierSession:
+        info = activity.info()
         with map_errors():
-            opened = await self.beating(verifier.open_verifier(inp))
+            opened = await self.beating(verifier.open_verifier(
+                inp, start_key=f"{info.workflow_run_id}/{inp.key}/verifier"))
             if opened.owned:
                 self.pin(opened.endpoint, provider_from_spec(inp.provider))
         return opened

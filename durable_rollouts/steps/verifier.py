@@ -40,9 +40,12 @@ def shares_actor_server(task: Task) -> bool:
     return verifier is not None and verifier.env == task.env and verifier.runtime_config is None
 
 
-async def open_verifier(inp: VerifyInput, *, provider: DurableProvider | None = None) -> VerifierSession:
+async def open_verifier(inp: VerifyInput, *, provider: DurableProvider | None = None,
+                        start_key: str | None = None) -> VerifierSession:
     """Place the verifier (own substrate under ``f"{key}-verifier"``, or the actor's server),
-    start its task in a new session and leave that session parked; returns where it is."""
+    start its task in a new session and leave that session parked; returns where it is. Under
+    ``start_key`` an open repeated after a lost result returns the session it started (its task
+    set up once: ``protocol.FEATURE_START_KEY``)."""
     verifier = inp.task.verifier
     if verifier is None:
         raise ConfigError(f"task {inp.task.slug} has no verifier")
@@ -56,7 +59,7 @@ async def open_verifier(inp: VerifyInput, *, provider: DurableProvider | None = 
         owned, timeout, refused_limit = True, ready_timeout(endpoint), None
     client = await fresh(endpoint, timeout, refused_limit)
     try:
-        await start_task(client, verifier)
+        await start_task(client, verifier, start_key)
         session = session_of(client)
     finally:
         with contextlib.suppress(Exception):

@@ -12,7 +12,12 @@ from typing import Any
 
 from durable_rollouts.client.envclient import connect
 from durable_rollouts.envserver import EnvServer
+from durable_rollouts.models import Task
 from durable_rollouts.protocol import FEATURE_START_KEY, RESUMED_SESSION
+from durable_rollouts.runtimes import Runtime
+from durable_rollouts.step_io import ConnectInput, VerifyInput
+from durable_rollouts.steps import substrate as steps
+from durable_rollouts.steps.verifier import open_verifier
 
 START = {"id": "count", "args": {"word": "kiwi", "letter": "i"}, "start_key": "run-1/rollout-a"}
 
@@ -89,3 +94,22 @@ async def test_a_server_that_names_no_feature_never_gets_a_key(server: EnvServer
     await client.start_task("count", {"word": "kiwi", "letter": "i"}, start_key="k2")
     assert server.sessions.started_under("k2", None) is None
     await client.close()
+
+
+async def test_a_verifier_opened_again_under_its_key_gets_its_first_session(
+        server: EnvServer, env_log: list[str]) -> None:
+    """``verify_open`` repeated after its result was lost (a worker died): the verifier's task,
+    here on the actor's own server, is set up once and the same session is returned."""
+    verifier = Task(env="testenv", id="count", args={"word": "fig", "letter": "f"})
+    task = Task(env="testenv", id="count", verifier=verifier)
+    endpoint = await Runtime(server.url).acquire(task, "vk")
+    actor = await steps.connect(ConnectInput(endpoint=endpoint))
+    inp = VerifyInput(task=task, actor_endpoint=endpoint, actor_session=actor, provider=Runtime(server.url).spec(),
+                      key="vk")
+    first = await open_verifier(inp, start_key="run-1/vk/verifier")
+    again = await open_verifier(inp, start_key="run-1/vk/verifier")
+    assert again.session.session_id == first.session.session_id
+    assert env_log == ["start:fig"]
+    other = await open_verifier(inp, start_key="run-2/vk/verifier")  # another run: its own
+    assert other.session.session_id != first.session.session_id
+    assert env_log == ["start:fig", "start:fig"]
