@@ -7,13 +7,18 @@ the server, so no agent step runs that the watch would not report if this proces
 moment. The sentinel sends its heartbeats itself (``RecordActivityTaskHeartbeat``, awaited)
 rather than through temporalio's throttled ``activity.heartbeat``, whose sends cannot be awaited:
 one heartbeat carries every entry made while the previous one was in flight, and with nothing
-entering it beats every ``timeout / 4``.
+entering it beats every ``timeout / 4``. temporalio's own beat (the sentinel must send it, or
+its attempt is cancelled) records its details too, so it is handed every list ``send`` records:
+whichever beat lands last names every agent step. Only a temporalio beat already in flight when
+an agent step enters can land after that entry's beat; the next one, within ``timeout / 4``,
+lists it again.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import logging
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -110,6 +115,7 @@ class WatchActivities:
         the watch is cancelled."""
         info = activity.info()
         client = activity.client()
+        sentinel = contextvars.copy_context()  # temporalio's own beat, for this activity from anywhere
 
         async def send(details: str) -> None:
             payloads = await client.data_converter.encode([details])
@@ -117,6 +123,11 @@ class WatchActivities:
                 RecordActivityTaskHeartbeatRequest(
                     task_token=info.task_token, details=Payloads(payloads=payloads),
                     identity=client.identity, namespace=client.namespace))
+            # temporalio's throttled beat (it cancels an attempt that sends none) records its
+            # details over ours when it lands: give it the same, or a beat without the agent
+            # steps would be the last the server has when this process dies (the watch then
+            # finds none of them, and each waits out its own heartbeat timeout)
+            sentinel.run(activity.heartbeat, details)
             if reply.cancel_requested:
                 self._stopping.set()
 
@@ -131,9 +142,7 @@ class WatchActivities:
                     landed = loop.time()
                 elif loop.time() - landed > round_.timeout_s:
                     break  # the watch has taken this process for dead: its runner starts anew
-                # temporalio's own beat too (it cancels an attempt that sends none); here, in the
-                # sentinel's context: ``send`` also runs in agent steps' (their entry beat)
-                activity.heartbeat()
+                activity.heartbeat(self.running.encoded())  # also when the send failed (see send)
                 with contextlib.suppress(asyncio.TimeoutError):
                     await asyncio.wait_for(self._stopping.wait(),
                                            min(every, max(0.0, end - loop.time())))

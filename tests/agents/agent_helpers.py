@@ -118,7 +118,9 @@ class TurnsAgent(Agent):
     """``turns`` turns; each sleeps ``think_s`` (the "model"), appends ``<rollout> <turn> <pid>``
     to ``log`` (the "tool call"), checkpoints (unless ``checkpoint=False``) and then appends the
     turn to ``log + '.cp'`` (so a test knows the checkpoint returned). Answers ``answer``. A
-    row whose args' tag is a key of ``turns_for`` takes that many turns instead."""
+    row whose args' tag is a key of ``turns_for`` takes that many turns instead. With ``tool``
+    the line is written by the env, in its own process: the turn calls the ``turn`` tool of its
+    ``turns`` MCP capability (``tests/temporal/turns_env.py``)."""
 
     turns: int = 5
     turns_for: dict[str, int] = {}
@@ -127,6 +129,7 @@ class TurnsAgent(Agent):
     answer: str = "x"
     checkpoint: bool = True
     state_bytes: int = 0  # pad the state (large-checkpoint test)
+    tool: bool = False  # the side effect is the env's (an MCP tool call), not this process's
 
     async def __call__(self, run: Run) -> None:
         state = run.restored_state or {"turn": 0, "resumed": 0}
@@ -137,7 +140,12 @@ class TurnsAgent(Agent):
         while state["turn"] < turns:
             await asyncio.sleep(self.think_s)
             state["turn"] += 1
-            _append(self.log, f"{run.rollout_id} {state['turn']} {os.getpid()}")
+            if self.tool:
+                tools = await run.open("turns")
+                await tools.call_tool("turn", {"log": self.log, "rollout": run.rollout_id,
+                                               "turn": state["turn"], "by": os.getpid()})
+            else:
+                _append(self.log, f"{run.rollout_id} {state['turn']} {os.getpid()}")
             if self.state_bytes:
                 state["pad"] = "p" * self.state_bytes
             if self.checkpoint:

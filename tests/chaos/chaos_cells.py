@@ -12,9 +12,10 @@ waits for the batch and then counts, from evidence on disk and in /proc:
   started for that home;
 - wrong: rollouts whose status/reward differ from the expected outcome.
 
-``kill_mid_turn`` runs a checkpointing agent (``tests/agents/agent_helpers.TurnsAgent``) and
-SIGKILLs its worker mid-turn, right after a checkpoint: double also counts turns (side effects)
-that ran twice, wrong a run that did not resume.
+``kill_mid_turn`` runs a checkpointing agent (``tests/agents/agent_helpers.TurnsAgent``) whose
+tool calls the env records (``tests/temporal/turns_env.py``) and SIGKILLs its worker mid-turn,
+right after a checkpoint: double also counts turns (side effects) that ran twice, wrong a run
+that did not resume.
 
 The ``restart_server`` cell runs on its own dev server, stopped (SIGTERM or SIGKILL) mid-agent
 and restarted on the same sqlite file.
@@ -44,6 +45,7 @@ from typing import Any
 from agent_helpers import TurnsAgent
 from temporal_helpers import (
     ENV_FILE,
+    TURNS_ENV,
     CountingAgent,
     DevServer,
     WorkerProcess,
@@ -281,10 +283,10 @@ def _start_env_server(home: Path) -> tuple[subprocess.Popen[bytes], int]:
 # one cell
 
 
-def _rows(evidence: Path, n: int, verified: bool, verify_delay: float) -> list[Task]:
+def _rows(evidence: Path, n: int, verified: bool, verify_delay: float, source: str = ENV_FILE) -> list[Task]:
     rows = []
     for i in range(n):
-        task = Task(env="counting", id="echo", source=ENV_FILE, args={
+        task = Task(env="counting", id="echo", source=source, args={
             "expected": "x", "tag": str(i), "grade_log": str(evidence / f"grades-{i}.log"),
             "pid_file": str(evidence / f"env-{i}.pid"), "start_log": str(evidence / f"starts-{i}.log")})
         if verified:
@@ -329,7 +331,8 @@ async def run_cell(cell: str, client: Any, address: str, workdir: Path, *, rows:
         seconds = 3.0
     if cell == "kill_verifier_substrate":
         verify_delay = 2.0
-    runtime: Any = SubprocessRuntime(ENV_FILE)
+    source = TURNS_ENV if cell == "kill_mid_turn" else ENV_FILE  # its tool calls: the env's side effects
+    runtime: Any = SubprocessRuntime(source)
     proxy: CuttingProxy | None = None
     borrowed: subprocess.Popen[bytes] | None = None
     mounted = False
@@ -357,8 +360,8 @@ async def run_cell(cell: str, client: Any, address: str, workdir: Path, *, rows:
         await workers.start()
         agent: Any = CountingAgent(answer="x", seconds=seconds, log=str(agents))
         if cell == "kill_mid_turn":
-            agent = TurnsAgent(turns=TURNS, think_s=0.6, log=str(evidence / "turns.log"))
-        handle = await start_job(Taskset("chaos", _rows(evidence, rows, cell in VERIFIED, verify_delay)),
+            agent = TurnsAgent(turns=TURNS, think_s=0.6, log=str(evidence / "turns.log"), tool=True)
+        handle = await start_job(Taskset("chaos", _rows(evidence, rows, cell in VERIFIED, verify_delay, source)),
                                  agent,
                                  runtime=runtime, temporal=client, worker=False, task_queue=queue,
                                  max_concurrent=rows, trace_store=TraceStore(home / "traces"))

@@ -27,6 +27,7 @@ from durable_rollouts.temporal.connection import (
 
 HERE = Path(__file__).resolve().parent
 ENV_FILE = str(HERE / "counting_env.py")
+TURNS_ENV = str(HERE / "turns_env.py")  # ENV_FILE's env plus a ``turns`` MCP tool (a side effect in the env)
 
 
 class CountingAgent(Agent):

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 from agent_helpers import TurnsAgent
-from temporal_helpers import ENV_FILE, CountingAgent, WorkerProcess, async_wait_for, read_lines
+from temporal_helpers import ENV_FILE, TURNS_ENV, CountingAgent, WorkerProcess, async_wait_for, read_lines
 from temporalio.api.enums.v1 import EventType, WorkflowExecutionStatus
 from temporalio.worker import Replayer
 
@@ -34,11 +34,11 @@ AGENT_TESTS = Path(__file__).resolve().parent.parent / "agents"  # agent_helpers
 SLOW_TURNS = 16  # of the two rows the run carries (0.5 s each)
 
 
-def _rows(n: int, evidence: Path | None = None) -> Taskset:
+def _rows(n: int, evidence: Path | None = None, source: str = ENV_FILE) -> Taskset:
     def args(i: int) -> dict:
         extra = {"pid_file": str(evidence / f"env{i}.pid")} if evidence else {}
         return {"expected": "x", "tag": f"row{i}", **extra}
-    return Taskset("outlive", [Task(env="counting", id="echo", source=ENV_FILE, args=args(i)) for i in range(n)])
+    return Taskset("outlive", [Task(env="counting", id="echo", source=source, args=args(i)) for i in range(n)])
 
 
 async def _runs(client, wid: str) -> list:
@@ -94,7 +94,7 @@ async def test_a_worker_killed_mid_turn_while_a_run_awaits_carried_rollouts_repe
         client, dev_server, task_queue, tmp_path, monkeypatch) -> None:
     monkeypatch.setenv("ROLLOUTS_QUEUE_TIMEOUT", "3")  # a killed worker's substrates: gone soon
     monkeypatch.setenv("ROLLOUTS_AGENT_HEARTBEAT", "5")  # and its agent steps noticed soon
-    turns = tmp_path / "turns.log"  # one line per side effect (a "tool call"): rollout, turn, pid
+    turns = tmp_path / "turns.log"  # the env's line per tool call: rollout, turn, calling worker's pid
     agent_path = os.pathsep.join([str(AGENT_TESTS), os.environ.get("PYTHONPATH", "")])
     workers = [WorkerProcess(dev_server.address, task_queue, env={"PYTHONPATH": agent_path})]
     killed: list[int] = []
@@ -103,8 +103,9 @@ async def test_a_worker_killed_mid_turn_while_a_run_awaits_carried_rollouts_repe
         # 16-turn ones running; each of their turns checkpoints after its side effect. Their envs
         # are processes of their own, so they outlive the worker and the agents resume.
         agent = TurnsAgent(turns=1, turns_for={"row0": SLOW_TURNS, "row1": SLOW_TURNS}, think_s=0.5,
-                           log=str(turns), answer="x")
-        handle = await start_job(_rows(8), agent, runtime=SubprocessRuntime(ENV_FILE), max_concurrent=8,
+                           log=str(turns), answer="x", tool=True)
+        handle = await start_job(_rows(8, source=TURNS_ENV), agent, runtime=SubprocessRuntime(TURNS_ENV),
+                                 max_concurrent=8,
                                  temporal=client, worker=False, task_queue=task_queue,
                                  max_history_events=20)
         wid = workflow_id(handle.job.id)

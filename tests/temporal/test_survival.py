@@ -73,20 +73,25 @@ async def test_worker_killed_mid_agent_another_worker_finishes_once(client, task
     assert len(runs) == 2 and runs[1].startswith(f"{second.pid} ")
 
 
+@pytest.mark.parametrize("kill_after_s", [0.0, 8.0], ids=["at-once", "after-8s"])
 async def test_a_dead_workers_agent_step_runs_again_within_30_s(client, task_queue, start_worker,
-                                                                 evidence: Path) -> None:
+                                                                 evidence: Path, kill_after_s: float) -> None:
     """With the defaults (the worker watch on: one sentinel beat per worker process, and the
     agent step's own heartbeat timeout a 300 s backstop, so a waiting agent costs one heartbeat
     a minute), a SIGKILLed worker's agent step is noticed by its watch and runs again on the
     other live worker within 30 s of the kill; the env grades once. The history shows how: the
-    first agent step was cancelled by the Rollout (told by the watch), not timed out."""
+    first agent step was cancelled by the Rollout (told by the watch), not timed out. Killed at
+    once or 8 s into the agent step: the sentinel's later beats still list it (temporalio's own
+    throttled heartbeat once recorded empty details over them, so a worker killed more than one
+    beat after its agent began left the agent to the 300 s backstop)."""
     agents = evidence / "agents.log"
     pair = {w.pid: w for w in (start_worker(), start_worker())}
     handle = await start_job(Taskset("t", [echo("x", evidence)]),
-                             CountingAgent(answer="x", seconds=12.0, log=str(agents)),
+                             CountingAgent(answer="x", seconds=12.0 + kill_after_s, log=str(agents)),
                              runtime=SubprocessRuntime(ENV_FILE), temporal=client, worker=False,
                              task_queue=task_queue)
     await async_wait_for(lambda: len(read_lines(agents)) == 1, what="agent start")
+    await asyncio.sleep(kill_after_s)
     holder = int(read_lines(agents)[0].split()[0])
     pair[holder].kill()
     killed = time.monotonic()
