@@ -175,14 +175,6 @@ def env_servers_of(home: Path) -> list[int]:
     return found
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
-
-
 class CuttingProxy:
     """A TCP proxy that, once, cuts a connection mid-frame.
 

@@ -12,6 +12,7 @@ import os
 import signal
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from temporal_helpers import (
@@ -24,6 +25,7 @@ from temporal_helpers import (
 )
 
 from durable_rollouts.models import Task
+from durable_rollouts.processes import pid_alive
 from durable_rollouts.runtimes import LocalRuntime, SubprocessRuntime
 from durable_rollouts.sdk.taskset import Taskset
 from durable_rollouts.temporal.batches import start_job
@@ -44,12 +46,17 @@ def echo(expected: str, evidence: Path, **extra: object) -> Task:
         "pid_file": str(evidence / "env.pid"), **extra})
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
+async def _killed_at(point: str, client, task_queue: str, start_worker, evidence: Path, task: Task,
+                     agent: Any, runtime: Any) -> tuple[Any, dict[str, str], Any]:
+    """A one-row job on a worker armed to SIGKILL itself at ``point``, once it did: the job's
+    handle, the faults (for the next worker) and the dead worker."""
+    faults = {"ROLLOUTS_FAULTS": point, "ROLLOUTS_FAULTS_DIR": str(evidence)}
+    first = start_worker(**faults)
+    handle = await start_job(Taskset("t", [task]), agent, runtime=runtime, temporal=client, worker=False,
+                             task_queue=task_queue)
+    await async_wait_for(lambda: first.proc.poll() is not None, what="worker death")
+    assert first.proc.returncode == -signal.SIGKILL and (evidence / f"{point}.fired").exists()
+    return handle, faults, first
 
 
 async def test_worker_killed_mid_agent_another_worker_finishes_once(client, task_queue, start_worker,
@@ -140,14 +147,10 @@ async def test_worker_killed_after_start_before_its_task_completed_starts_the_ta
     hands back the task it already started, in its first session, instead of running the task's
     setup again (which it did before: two starts in one env process). One attempt, one setup,
     the agent once, one grade."""
-    faults = {"ROLLOUTS_FAULTS": "after_start", "ROLLOUTS_FAULTS_DIR": str(evidence)}
     agents = evidence / "agents.log"
-    first = start_worker(**faults)
-    handle = await start_job(Taskset("t", [echo("x", evidence, start_log=str(evidence / "starts.log"))]),
-                             CountingAgent(answer="x", log=str(agents)), runtime=SubprocessRuntime(ENV_FILE),
-                             temporal=client, worker=False, task_queue=task_queue)
-    await async_wait_for(lambda: first.proc.poll() is not None, what="worker death")
-    assert first.proc.returncode == -signal.SIGKILL and (evidence / "after_start.fired").exists()
+    handle, faults, _ = await _killed_at("after_start", client, task_queue, start_worker, evidence,
+                                         echo("x", evidence, start_log=str(evidence / "starts.log")),
+                                         CountingAgent(answer="x", log=str(agents)), SubprocessRuntime(ENV_FILE))
     start_worker(**faults)
     job = await asyncio.wait_for(handle.wait(), 60)
     (run,) = job.runs
@@ -165,16 +168,12 @@ async def test_worker_killed_after_teardown_before_its_task_completed_grades_onc
     with the first grade, so the rollout does not run again: one attempt, the agent once, one
     grade. Before receipts the replayed grade took the torn-down env for a dead substrate and
     the rollout ran again from provision (agent and grade twice)."""
-    faults = {"ROLLOUTS_FAULTS": "after_teardown", "ROLLOUTS_FAULTS_DIR": str(evidence)}
     agents = evidence / "agents.log"
-    first = start_worker(**faults)
-    handle = await start_job(Taskset("t", [echo("x", evidence)]), CountingAgent(answer="x", log=str(agents)),
-                             runtime=SubprocessRuntime(ENV_FILE), temporal=client, worker=False,
-                             task_queue=task_queue)
-    await async_wait_for(lambda: first.proc.poll() is not None, what="worker death")
-    assert first.proc.returncode == -signal.SIGKILL and (evidence / "after_teardown.fired").exists()
+    handle, faults, _ = await _killed_at("after_teardown", client, task_queue, start_worker, evidence,
+                                         echo("x", evidence), CountingAgent(answer="x", log=str(agents)),
+                                         SubprocessRuntime(ENV_FILE))
     pid = int((evidence / "env.pid").read_text())
-    await async_wait_for(lambda: not _alive(pid), what="the torn-down env's exit")
+    await async_wait_for(lambda: not pid_alive(pid), what="the torn-down env's exit")
     start_worker(**faults)
     job = await asyncio.wait_for(handle.wait(), 60)
     (run,) = job.runs
@@ -197,14 +196,10 @@ async def test_worker_killed_after_an_in_process_grade_keeps_the_grade_on_its_ho
       one, and the result records the lost attempt.
     """
     monkeypatch.setenv("ROLLOUTS_QUEUE_TIMEOUT", "3")
-    faults = {"ROLLOUTS_FAULTS": "after_grade", "ROLLOUTS_FAULTS_DIR": str(evidence)}
     agents = evidence / "agents.log"
-    first = start_worker(**faults)
-    handle = await start_job(Taskset("t", [echo("x", evidence)]), CountingAgent(answer="x", log=str(agents)),
-                             runtime=LocalRuntime(ENV_FILE), temporal=client, worker=False,
-                             task_queue=task_queue)
-    await async_wait_for(lambda: first.proc.poll() is not None, what="worker death")
-    assert first.proc.returncode == -signal.SIGKILL and (evidence / "after_grade.fired").exists()
+    handle, faults, first = await _killed_at("after_grade", client, task_queue, start_worker, evidence,
+                                             echo("x", evidence), CountingAgent(answer="x", log=str(agents)),
+                                             LocalRuntime(ENV_FILE))
     home: dict[str, str] = {}
     if second_host:
         (evidence / "another-host").mkdir()
