@@ -98,7 +98,7 @@ async def grade(inp: GradeInput, *, client: channel.EnvClient | None = None, ret
         raise
     async with kept.lent(inp.endpoint, client):  # kept for the teardown step's bye
         graded = await channel.grade_in(client, inp.answer, inp.agent_error)
-    grade_receipts.keep(key, session_id, graded)
+    grade_receipts.keep(key, session_id, graded)  # best effort: a failed write only logs
     return graded
 
 

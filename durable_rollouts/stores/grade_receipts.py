@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import logging
 import os
 import shutil
 from datetime import datetime, timedelta, timezone
@@ -33,6 +34,8 @@ __all__ = ["KEEP_DAYS", "find", "keep"]
 
 KEEP_DAYS = 3  # a replay later than this (no worker for days) runs the rollout again
 _SHARDS = 64
+_warned = False  # the warning of a home that cannot be written: once per process
+log = logging.getLogger(__name__)
 
 
 def _root() -> Path:
@@ -47,19 +50,31 @@ def _day(now: datetime | None = None) -> str:
     return (now or datetime.now(timezone.utc)).strftime("%Y-%m-%d")
 
 
-def keep(key: str, session_id: str, grade: Grade, *, now: datetime | None = None) -> None:
-    """Append the receipt of ``grade`` for the session ``session_id`` of substrate ``key``."""
-    folder = _root() / _day(now)
-    if not folder.is_dir():
-        folder.mkdir(parents=True, exist_ok=True)
-        _prune(now or datetime.now(timezone.utc))
-    line = json.dumps({"key": key, "session": session_id, "grade": grade.model_dump(mode="json")},
-                      separators=(",", ":")) + "\n"
-    fd = os.open(folder / _shard(key), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+def keep(key: str, session_id: str, grade: Grade, *, now: datetime | None = None) -> bool:
+    """Append the receipt of ``grade`` for the session ``session_id`` of substrate ``key``.
+
+    Best effort: a home that cannot be written (read-only, full) logs one warning per process
+    and returns False; the grade itself stands (only a later crash could have used it)."""
+    global _warned
     try:
-        os.write(fd, line.encode())
-    finally:
-        os.close(fd)
+        folder = _root() / _day(now)
+        if not folder.is_dir():
+            folder.mkdir(parents=True, exist_ok=True)
+            _prune(now or datetime.now(timezone.utc))
+        line = json.dumps({"key": key, "session": session_id, "grade": grade.model_dump(mode="json")},
+                          separators=(",", ":")) + "\n"
+        fd = os.open(folder / _shard(key), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        try:
+            os.write(fd, line.encode())
+        finally:
+            os.close(fd)
+    except OSError as exc:
+        if not _warned:
+            _warned = True
+            log.warning("grade receipts are not kept (%s): a worker dying right after a grade "
+                        "may run that rollout again", exc)
+        return False
+    return True
 
 
 def find(key: str, session_id: str) -> Grade | None:

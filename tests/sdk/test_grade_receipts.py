@@ -91,3 +91,15 @@ def test_processes_appending_at_once_lose_no_receipt() -> None:
         for i in range(count):
             found = grade_receipts.find(f"mp-{w}-{i}", f"s-{i}")
             assert found is not None and found.reward == i / count, (w, i)
+
+
+def test_a_home_that_cannot_be_written_loses_the_receipt_not_the_grade(tmp_path, monkeypatch, caplog) -> None:
+    blocked = tmp_path / "home"
+    blocked.write_text("a file where the home folder should be")
+    monkeypatch.setenv("ROLLOUTS_HOME", str(blocked))
+    monkeypatch.setattr(grade_receipts, "_warned", False)
+    with caplog.at_level("WARNING", logger=grade_receipts.__name__):
+        assert grade_receipts.keep("k", "s", Grade(reward=1.0)) is False
+        assert grade_receipts.keep("k2", "s", Grade(reward=1.0)) is False
+    assert grade_receipts.find("k", "s") is None
+    assert caplog.text.count("grade receipts are not kept") == 1  # one warning, not one per grade
