@@ -115,7 +115,7 @@ class WatchActivities:
         the watch is cancelled."""
         info = activity.info()
         client = activity.client()
-        sentinel = contextvars.copy_context()  # temporalio's own beat, for this activity from anywhere
+        sentinel = contextvars.copy_context()  # temporalio's beat of this activity, from anywhere
 
         async def send(details: str) -> None:
             payloads = await client.data_converter.encode([details])
@@ -139,10 +139,12 @@ class WatchActivities:
         try:
             while loop.time() < end and not self._stopping.is_set():
                 if await self.running.flush(force=True):
-                    landed = loop.time()
+                    landed = loop.time()  # ``send`` gave temporalio's beat the same list
                 elif loop.time() - landed > round_.timeout_s:
                     break  # the watch has taken this process for dead: its runner starts anew
-                activity.heartbeat(self.running.encoded())  # also when the send failed (see send)
+                else:
+                    # no send landed: temporalio's beat still goes (or its attempt is cancelled)
+                    activity.heartbeat(self.running.encoded())
                 with contextlib.suppress(asyncio.TimeoutError):
                     await asyncio.wait_for(self._stopping.wait(),
                                            min(every, max(0.0, end - loop.time())))

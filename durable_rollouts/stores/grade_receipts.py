@@ -43,7 +43,8 @@ def _root() -> Path:
 
 
 def _shard(key: str) -> str:
-    return f"{int(hashlib.blake2b(key.encode(), digest_size=2).hexdigest(), 16) % _SHARDS:02d}.jsonl"
+    digest = hashlib.blake2b(key.encode(), digest_size=2).digest()
+    return f"{int.from_bytes(digest, 'big') % _SHARDS:02d}.jsonl"
 
 
 def _day(now: datetime | None = None) -> str:
@@ -61,8 +62,8 @@ def keep(key: str, session_id: str, grade: Grade, *, now: datetime | None = None
         if not folder.is_dir():
             folder.mkdir(parents=True, exist_ok=True)
             _prune(now or datetime.now(timezone.utc))
-        line = json.dumps({"key": key, "session": session_id, "grade": grade.model_dump(mode="json")},
-                          separators=(",", ":")) + "\n"
+        receipt = {"key": key, "session": session_id, "grade": grade.model_dump(mode="json")}
+        line = json.dumps(receipt, separators=(",", ":")) + "\n"
         fd = os.open(folder / _shard(key), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
         try:
             os.write(fd, line.encode())
