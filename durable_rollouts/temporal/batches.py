@@ -207,18 +207,20 @@ def runs_from_result(result: TasksetRunResult, job_id: str, rows: list[Task] | N
     return runs
 
 
-def check_width(max_concurrent: int, *, streamed: bool) -> None:
-    """A batch wider than one workflow holds runs as parts (``workflows.fan_out``); a streamed
-    one cannot yet, and no batch goes past ``MAX_CONCURRENT``.
+def check_width(max_concurrent: int, *, streamed: bool, group: int = 1, open_ended: bool = False) -> None:
+    """A batch wider than one workflow holds runs as parts (``workflows.fan_out``; a streamed one,
+    ``workflows.stream_parts``, whole groups to a part); no batch goes past ``MAX_CONCURRENT``.
 
     Raises:
         ConfigError: naming the limit and its knob.
     """
     per_workflow = settings().children_per_workflow
-    if streamed and max_concurrent > per_workflow:
+    if streamed and max_concurrent > per_workflow and (open_ended or group > per_workflow):
+        why = ("an open-ended one (epochs=None) runs in one workflow" if open_ended else
+               f"its parts hold whole groups, and group={group} is more than one part holds")
         raise ConfigError(
-            f"max_concurrent={max_concurrent}: a streamed batch keeps at most {per_workflow} rollouts "
-            "in flight (one workflow's share of Temporal's 2,000 pending children: "
+            f"max_concurrent={max_concurrent}: a streamed batch wider than {per_workflow} rollouts "
+            f"runs as parts, but {why} (one workflow's share of Temporal's 2,000 pending children: "
             f"ROLLOUTS_CHILDREN_PER_WORKFLOW, up to {MAX_CHILDREN_PER_WORKFLOW})")
     if max_concurrent > MAX_CONCURRENT:
         raise ConfigError(f"max_concurrent={max_concurrent}: a batch keeps at most {MAX_CONCURRENT:,} "
@@ -273,7 +275,7 @@ async def start_job(taskset: Any, agent: Any, *, runtime: Any, group: int | None
                    rollout_timeout=rollout_timeout, agent_timeout=getattr(agent, "timeout_s", None))
     if not rows:
         raise ConfigError(f"taskset {taskset.name!r} has no rows")
-    check_width(max_concurrent, streamed=stream is not None)
+    check_width(max_concurrent, streamed=stream is not None, group=group, open_ended=epochs is None)
     agent_spec = agent.spec()
     provider_spec = runtime.spec()
     client, embedded = await _client(temporal)

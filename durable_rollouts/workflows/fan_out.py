@@ -9,6 +9,7 @@ rollout ids and RolloutsJobId on every Rollout), so readers that go by rollout i
 The batch sums the parts' results and counters; its ``progress`` lists the parts still running
 (the client adds their own ``progress``: ``temporal.parts``). Under ``on_error="fail"`` the first
 part that fails stops the others (signal ``stop_batch``): they cancel their rest as if it were theirs.
+A streamed batch runs as parts too, whole groups each, feeding its one stream (``stream_parts``).
 
 Deterministic: stdlib, temporalio and the workflow models only; the part runs ``TasksetRun`` by name.
 """
@@ -55,11 +56,12 @@ def part_slices(inp: TasksetRunInput, start: int, total: int) -> list[tuple[int,
     the batch. Slices start at a group's first slot when there are at least as many groups."""
     limit = inp.children_per_workflow
     width = min(inp.max_concurrent, total - start)
-    if limit is None or inp.part is not None or inp.stream is not None or inp.open_ended \
-            or width <= limit:
+    if limit is None or inp.part is not None or inp.open_ended or width <= limit:
         return []
     n = -(-width // limit)
     left = total - start
+    if inp.stream is not None and (inp.only is not None or left // inp.group < n):
+        return []  # a streamed batch's parts hold whole groups (``stream_parts``)
     group = inp.group if inp.only is None and left // inp.group >= n else 1
     units = left // group
     cuts = [start + (k * units // n) * group for k in range(n)] + [total]

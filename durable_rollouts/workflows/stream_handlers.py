@@ -15,6 +15,7 @@ recorded (a bad ack never harms the job).
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from datetime import timedelta
 
 from temporalio import workflow
@@ -69,6 +70,7 @@ class StreamHandlers:
     _adding = False  # an add is chaining its rows (one at a time)
     _grew = False  # rows were added in this run (it continues as new, so its input names them)
     _additions = 0  # adds taken in this run (wakes a run waiting on its rollouts)
+    _may_open_group: Callable[[], bool]  # whether a new group may start (``stream_parts``)
 
     # -- slots: what to start next (the batch's own, or a re-sampled group's) -------------------
 
@@ -103,8 +105,8 @@ class StreamHandlers:
     def _may_start(self, inp: TasksetRunInput, slot: tuple[int, int, int]) -> bool:
         """Back-pressure: a new group starts only while fewer than ``max_in_flight`` groups run or
         wait unacknowledged; a started group's rollouts always start."""
-        if self._stream is None:
-            return True
+        if self._stream is None:  # a part of a streamed batch starts a new group on a grant
+            return slot[1] > 0 or self._may_open_group()
         gid = group_id(inp.job_id, slot[0], inp.batch_index, slot[2])
         if gid not in self._stream.pending and not self._stream.may_start_group():
             return False
@@ -113,7 +115,7 @@ class StreamHandlers:
 
     def _held_back(self, index: int, total: int) -> bool:
         """More is to start, and the consumers hold the next group back (an ack frees it)."""
-        return self._stream is not None and self._more(index, total) and not self._stream.may_start_group()
+        return self._more(index, total) and not self._may_open_group()
 
     def _held(self, index: int, total: int, inp: TasksetRunInput) -> bool:
         """Nothing runs, more is to start, and the consumers hold it back (until an ack, or until

@@ -34,6 +34,7 @@ with workflow.unsafe.imports_passed_through():
     from durable_rollouts.workflows.rollout_children import KEY_STATUS, PATCH_OUTLIVE, RolloutChildren
     from durable_rollouts.workflows.stream import StreamState
     from durable_rollouts.workflows.stream_handlers import StreamHandlers
+    from durable_rollouts.workflows.stream_parts import MAX_SIGNALS_PER_RUN, StreamParts
     from durable_rollouts.workflows.types import (
         ACT_LOAD_ROWS,
         ACT_RESOLVE,
@@ -66,7 +67,7 @@ MAX_UPDATES_PER_RUN = 1000
 
 
 @workflow.defn(name="TasksetRun")
-class TasksetRun(StreamHandlers, FanOut, RolloutChildren):
+class TasksetRun(StreamHandlers, StreamParts, FanOut, RolloutChildren):
     """Run every row ``group`` times; return compact results (or claim checks for them)."""
 
     @workflow.init
@@ -81,6 +82,7 @@ class TasksetRun(StreamHandlers, FanOut, RolloutChildren):
         self._flying: dict[str, CarriedRollout] = {}
         self._starting: set[str] = set()
         self._awaited: dict[str, asyncio.Future[AwaitedRollout]] = {}
+        self._init_parts(inp)  # a streamed batch run as parts: those a previous run left running
         # Set here, not in run: an update in the first workflow task (a consumer registering
         # or acking right after start) is validated before run begins.
         self._policy = inp.policy
@@ -117,13 +119,20 @@ class TasksetRun(StreamHandlers, FanOut, RolloutChildren):
         pending = self._carry_in(inp)  # what the previous run left running
         progress.running = len(pending)
         slices = part_slices(inp, index, total)  # wider than one workflow holds: run it as parts
+        width = inp.max_concurrent  # a streamed batch's own rollouts (after its parts): one workflow's
+        if inp.stream is not None and inp.children_per_workflow is not None:
+            width = min(width, inp.children_per_workflow)
         try:
-            if slices:
+            if self._stream is not None and (slices or self._parts):  # parts feed the one stream
+                if await self._run_stream_parts(inp, slices, self._part_input, results, refs):
+                    await self._continue_as_new(inp, total, results, refs, resolved, progress, pending)
+                index = total
+            elif slices:
                 await self._run_parts(inp, slices, resolved, results, refs)
                 index = total
+            if index == total and (slices or inp.parts):
                 if len(results) > inp.flush_results_over:  # the parts' inline results: claim checks
-                    for start in range(0, len(results), FLUSH_CHUNK):
-                        refs.append(await self._flush(inp, results[start:start + FLUSH_CHUNK], len(refs)))
+                    refs.extend(await self._flush_all(inp, results, len(refs)))
                     results = []
             while self._more(index, total := self._until(inp, index, self._total(inp))) or pending:
                 if self._failed_on is not None:  # on_error="fail": cancel the rest (teardown runs)
@@ -131,7 +140,7 @@ class TasksetRun(StreamHandlers, FanOut, RolloutChildren):
                     pending = []
                     break
                 starts = 0  # child starts in this workflow task: a bounded number (then yield)
-                while len(pending) < inp.max_concurrent and not self._too_long(inp):
+                while len(pending) < width and not self._too_long(inp):
                     if starts >= STARTS_PER_TASK and workflow.patched("paced-child-starts"):
                         await workflow.sleep(0.001)
                         starts = 0
@@ -171,10 +180,13 @@ class TasksetRun(StreamHandlers, FanOut, RolloutChildren):
                     break
                 await self._collect(inp, pending, results, gate=self._held_back(index, total))
                 pending = [fut for fut in pending if not fut.done()]
+                self._forward(inp)  # a part of a streamed batch: what it finished, to the batch
                 await self._page_out(inp)
                 self._details(progress)
         except asyncio.CancelledError:
             await self._cancel_children(inp, pending)
+            await self._report_done(inp, TasksetRunResult(job_id=inp.job_id, batch_index=inp.batch_index,
+                                                          progress=progress))
             raise
 
         # History is getting long, or rows were added (the next run's input then names them, for
@@ -190,9 +202,14 @@ class TasksetRun(StreamHandlers, FanOut, RolloutChildren):
         progress.done = True
         self._details(progress)
         self._set_status(inp, "completed" if self._failed_on is None else "failed")
-        return TasksetRunResult(job_id=inp.job_id, job_name=inp.job_name, batch_index=inp.batch_index,
-                                on_error=inp.on_error, failed_on=self._failed_on,
-                                progress=progress, results=results, result_refs=refs)
+        if inp.forward_to is not None and len(results) > inp.flush_results_over:  # a signal's payload
+            refs.extend(await self._flush_all(inp, results, len(refs)))
+            results = []
+        outcome = TasksetRunResult(job_id=inp.job_id, job_name=inp.job_name, batch_index=inp.batch_index,
+                                   on_error=inp.on_error, failed_on=self._failed_on,
+                                   progress=progress, results=results, result_refs=refs)
+        await self._report_done(inp, outcome)  # a part of a streamed batch: to the batch
+        return outcome
 
     async def _continue_as_new(self, inp: TasksetRunInput, index: int, results: list[RolloutResult],
                                refs: list[ResultsRef], resolved: dict[int, Task], progress: Progress,
@@ -201,8 +218,7 @@ class TasksetRun(StreamHandlers, FanOut, RolloutChildren):
         carrying the rollouts still running (``pending``: only under ``PATCH_OUTLIVE``)."""
         await self._page_out(inp)  # carry only the groups not every consumer acknowledged
         if len(results) > inp.flush_results_over:  # claim checks of <=FLUSH_CHUNK results each
-            for start in range(0, len(results), FLUSH_CHUNK):
-                refs.append(await self._flush(inp, results[start:start + FLUSH_CHUNK], len(refs)))
+            refs = [*refs, *await self._flush_all(inp, results, len(refs))]
             results = []
         # An add's rows are in ``inp``; every carried rollout's child has started (it exists). The
         # wait also lets every rollout whose child ended in this workflow task finish first, so
@@ -214,13 +230,14 @@ class TasksetRun(StreamHandlers, FanOut, RolloutChildren):
         while not settled():
             await workflow.wait_condition(settled)
         self._tally(inp, [f for f in pending if f.done()], results)  # ended meanwhile: count them
+        await self._forwarded(inp)  # a part: its batch has every result it counted
         carry = inp.model_copy(update={
             "next_index": index, "results": results, "result_refs": refs,
             # only groups that still have rollouts to start need their resolved task
             "resolved": {r: t for r, t in resolved.items()
                          if index < self._total(inp) and r >= self._slot(inp, index)[0]},
             "progress": progress, "stream_state": self._stream, "policy": self._policy,
-            "carried": list(self._flying.values()),
+            "carried": list(self._flying.values()), "parts": list(self._parts.values()),
         })
         workflow.continue_as_new(carry)
 
@@ -231,6 +248,8 @@ class TasksetRun(StreamHandlers, FanOut, RolloutChildren):
         self._progress.count(result)
         if inp.on_error == "fail" and result.status in ERROR_STATUSES and self._failed_on is None:
             self._failed_on = result.rollout_id
+        if inp.forward_to is not None:  # a part of a streamed batch: its batch judges the group
+            self._outbox.append(result)
         if self._stream is not None:
             before = len(self._stream.slots)
             self._stream.finish(result, self._policy)
@@ -319,8 +338,7 @@ class TasksetRun(StreamHandlers, FanOut, RolloutChildren):
         waits: list[asyncio.Future[Any]] = list(pending)
         ack = None
         if gate:  # never when a group may start already: the wait would return at once, forever
-            ack = asyncio.ensure_future(workflow.wait_condition(
-                lambda: self._stream is not None and self._stream.may_start_group()))
+            ack = asyncio.ensure_future(workflow.wait_condition(self._may_open_group))
             waits.append(ack)
         stop = None
         if inp.part is not None and self._failed_on is None:  # a sibling part's stop_batch wakes us
@@ -401,7 +419,7 @@ class TasksetRun(StreamHandlers, FanOut, RolloutChildren):
         # and the 2,000 updates a run may take).
         info = workflow.info()
         return (info.is_continue_as_new_suggested() or info.get_current_history_length() > inp.max_history_events
-                or self._stream_updates > MAX_UPDATES_PER_RUN)
+                or self._stream_updates > MAX_UPDATES_PER_RUN or self._signals_in > MAX_SIGNALS_PER_RUN)
 
     async def _resolve(self, inp: TasksetRunInput, row: Task) -> Task:
         if inp.taskset_class is None:  # plain Taskset: resolve_task is the identity
@@ -412,6 +430,11 @@ class TasksetRun(StreamHandlers, FanOut, RolloutChildren):
             result_type=Task, start_to_close_timeout=timedelta(minutes=5),
             retry_policy=RetryPolicy(maximum_attempts=5, non_retryable_error_types=["ConfigError"]),
         )
+
+    async def _flush_all(self, inp: TasksetRunInput, results: list[RolloutResult], first: int) -> list[ResultsRef]:
+        """``results`` to claim checks of at most ``FLUSH_CHUNK`` each, numbered from ``first``."""
+        return [await self._flush(inp, results[start:start + FLUSH_CHUNK], first + n)
+                for n, start in enumerate(range(0, len(results), FLUSH_CHUNK))]
 
     async def _flush(self, inp: TasksetRunInput, results: list[RolloutResult], chunk: int) -> ResultsRef:
         return await workflow.execute_activity(

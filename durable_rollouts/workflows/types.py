@@ -56,6 +56,9 @@ __all__ = [
     "ERROR_STATUSES",
     "ON_ERROR_POLICIES",
     "OnError",
+    "PartDone",
+    "PartResults",
+    "PartRun",
     "RETRYABLE_STATUSES",
     "CARD_LAYOUT",
     "MAX_CONCURRENT",
@@ -238,6 +241,10 @@ class TasksetRunInput(_Model):
     # TasksetRuns over disjoint slices (``workflows.fan_out``); None in histories from before.
     children_per_workflow: int | None = Field(default=None, ge=1)
     part: int | None = None  # this run is part ``part`` of its batch (its parent is the batch)
+    # A part of a streamed batch (``workflows.stream_parts``): the batch's workflow id, which it
+    # signals each finished rollout to, and the groups it may start (grants; None: no limit).
+    forward_to: str | None = None
+    credits: int | None = Field(default=None, ge=0)
     stop_index: int | None = None  # a part's slots end here (the batch's total when None)
     # Batch policy: fresh re-runs of an errored/timed-out rollout, then what an error left means.
     retries: int = Field(default=0, ge=0, le=20)
@@ -272,6 +279,8 @@ class TasksetRunInput(_Model):
     admission: Admission | None = None
     # Rollouts the previous run left running (it continued as new without draining them).
     carried: list[CarriedRollout] = Field(default_factory=list)
+    # A streamed batch run as parts: the parts not yet merged (carried across continue-as-new).
+    parts: list[PartRun] = Field(default_factory=list)
 
 
 class TasksetRunResult(_Model):
@@ -288,6 +297,32 @@ class TasksetRunResult(_Model):
 # The shape of the Rollouts a parent of this release starts (``RolloutInput.layout``): the card's
 # steps (``workflows.rollout``). Lower values are earlier releases' shapes (``workflows.legacy``).
 CARD_LAYOUT = 5
+
+
+class PartRun(_Model):
+    """A part of a streamed batch, as the batch tracks it (``workflows.stream_parts``)."""
+
+    part: int
+    workflow_id: str
+    groups: int  # the groups of its slice
+    granted: int | None = None  # groups it may start so far (max_in_flight); None: no limit
+    finished: int = 0  # its groups the batch's stream finished
+    policy_version: int | None = None  # the policy version it was last sent
+    done: TasksetRunResult | None = None  # its result, once it reported it
+
+
+class PartResults(_Model):
+    """Rollouts a part of a streamed batch finished (signal ``part_results``, to the batch)."""
+
+    part: int
+    results: list[RolloutResult]
+
+
+class PartDone(_Model):
+    """A part of a streamed batch closed (signal ``part_done``, to the batch)."""
+
+    part: int
+    result: TasksetRunResult
 
 
 class RolloutInput(_Model):

@@ -5,7 +5,8 @@ per-workflow pending-children limit is lowered to 20 (dynamic config), so the te
 TasksetRuns of at most 13 rollouts in flight each) and still looks like one job: one job id, one
 progress (more than 20 rollouts running at once), one ``rollouts show`` / ``export``, every rollout
 run once. ``rollouts cancel`` mid-way stops every part; ``rollouts resume`` runs the rest, again
-as parts. A streamed batch that wide is refused with one clear error naming the knob.
+as parts. A streamed batch that wide runs as parts too, feeding its one stream (``max_in_flight``
+and the policy hold across them); an open-ended one is refused with one clear error naming the knob.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import pytest
 from temporal_helpers import ENV_FILE, HERE, CountingAgent, DevServer, read_lines
 from temporalio.common import SearchAttributeKey
 
+from durable_rollouts import session
 from durable_rollouts.errors import ConfigError
 from durable_rollouts.models import Task
 from durable_rollouts.runtimes import LocalRuntime
@@ -147,14 +149,100 @@ async def test_cancel_stops_every_part_and_resume_runs_the_rest_as_parts(
     assert part is not None and part.start_time > (await describe(client, workflow_id(job_id))).start_time
 
 
-async def test_a_streamed_batch_wider_than_one_workflow_is_refused(
-        limited_server, per_workflow) -> None:
+async def _consume(job, seen: list, *, batch_size: int, every_group: object = None) -> None:
+    """Read the job's stream as consumer ``trainer`` to its end, acking each batch; calls
+    ``every_group(count)`` after each batch."""
+    async for batch in job.stream(consumer="trainer", batch_size=batch_size):
+        seen.extend(batch.groups)
+        await batch.ack()
+        if every_group is not None:
+            await every_group(len(seen))
+
+
+async def test_a_streamed_batch_wider_than_one_workflow_feeds_one_stream(
+        limited_server, per_workflow, tmp_path) -> None:
+    """60 rollouts 50 at a time (above the server's 20): the parts run them, every finished
+    group reaches the batch's one stream, and the consumer applies each group once."""
+    client = await connect_client(limited_server.address)
+    log = tmp_path / "agents.log"
+    async with session():
+        job = await _taskset("wide-stream").start(
+            CountingAgent(answer="x", log=str(log), seconds=3.0), runtime=LocalRuntime(ENV_FILE),
+            group=GROUP, max_concurrent=WIDTH, temporal=client, worker=True, consumers=["trainer"],
+            task_queue=f"fan-{os.getpid()}-{time.monotonic_ns()}", linger_s=60)
+        groups: list = []
+        consumed = asyncio.ensure_future(_consume(job, groups, batch_size=4))
+        peak = await _peak_running(job.handle, consumed)
+        await consumed
+        done = await job.wait()
+
+    assert peak > LIMIT, peak  # more in flight than one workflow may hold
+    assert len(groups) == ROWS and all(len(g) == GROUP for g in groups)
+    assert len({g[0].group_id for g in groups}) == ROWS  # every group once, whichever part ran it
+    assert all(len({r.group_id for r in g}) == 1 for g in groups)
+    started = Counter(line.split()[1] for line in read_lines(log))
+    assert set(started.values()) == {1} and len(started) == ROWS * GROUP
+    assert sorted(started) == sorted(r.rollout_id for g in groups for r in g)
+    assert sorted(started) == sorted(r.rollout_id for r in done.runs)
+    parts = [await describe(client, f"{workflow_id(job.id)}/part-{k}") for k in range(5)]
+    assert [p is not None for p in parts] == [True] * 4 + [False]
+    shown = (await _cli(limited_server, "show", job.id, "--json")).json()
+    assert [b["workflow_id"] for b in shown["batches"]] == [workflow_id(job.id)]
+    assert shown["status"] == "completed" and shown["counts"] == {"succeeded": ROWS * GROUP}
+
+
+async def test_max_in_flight_and_the_policy_hold_across_parts_and_continue_as_new(
+        limited_server, per_workflow, tmp_path) -> None:
+    """``max_in_flight=12`` groups of 2 (24 rollouts, above the server's 20: parts) with a slow
+    consumer: the batch grants the parts groups as the consumer acks, so no more than 12 groups
+    are ever running or unacknowledged; the policy the trainer publishes reaches the parts; a
+    short history makes the batch continue as new while its parts run, and nothing is lost."""
+    client = await connect_client(limited_server.address)
+    log = tmp_path / "agents.log"
+    flight = 12
+    async with session():
+        job = await _taskset("paced-stream").start(
+            CountingAgent(answer="x", log=str(log), seconds=1.0), runtime=LocalRuntime(ENV_FILE),
+            group=GROUP, max_concurrent=WIDTH, temporal=client, worker=True, consumers=["trainer"],
+            task_queue=f"fan-{os.getpid()}-{time.monotonic_ns()}", linger_s=60,
+            max_in_flight=flight, max_history_events=120)
+        groups: list = []
+        worst: list[int] = []
+
+        async def after(count: int) -> None:
+            begun = len(read_lines(log))  # rollouts started so far
+            worst.append(-(-begun // GROUP) - count)  # groups begun and not yet acknowledged
+            if count == 6:
+                await job.set_policy(1)
+            await asyncio.sleep(0.3)  # a slow trainer: the parts wait for its acks
+
+        await _consume(job, groups, batch_size=2, every_group=after)
+        done = await job.wait()
+        latest = await client.get_workflow_handle(workflow_id(job.id)).describe()
+        runs = latest.raw_description.workflow_execution_info
+
+    assert len(groups) == ROWS and len({g[0].group_id for g in groups}) == ROWS
+    started = Counter(line.split()[1] for line in read_lines(log))
+    assert set(started.values()) == {1} and len(started) == ROWS * GROUP
+    assert max(worst) <= flight, worst  # never more than max_in_flight groups out at once
+    versions = [r.policy_version for g in groups for r in g]
+    assert versions[:4] == [None] * 4 and versions[-2:] == [1, 1], versions
+    assert sorted(started) == sorted(r.rollout_id for r in done.runs)
+    first = runs.first_run_id
+    assert first and first != runs.execution.run_id  # the batch continued as new meanwhile
+
+
+async def test_an_open_ended_streamed_batch_that_wide_is_refused(limited_server, per_workflow) -> None:
     client = await connect_client(limited_server.address)
     with pytest.raises(ConfigError, match="ROLLOUTS_CHILDREN_PER_WORKFLOW") as err:
-        await _taskset("streamed").start(
-            CountingAgent(answer="x"), runtime=LocalRuntime(ENV_FILE), group=GROUP,
+        await _taskset("open").start(
+            CountingAgent(answer="x"), runtime=LocalRuntime(ENV_FILE), group=GROUP, epochs=None,
             max_concurrent=WIDTH, temporal=client, worker=True, consumers=["trainer"])
-    assert "at most 15" in str(err.value)
+    assert "epochs=None" in str(err.value) and "wider than 15" in str(err.value)
+    with pytest.raises(ConfigError, match="group=16 is more than one part holds"):
+        await _taskset("big").start(
+            CountingAgent(answer="x"), runtime=LocalRuntime(ENV_FILE), group=16,
+            max_concurrent=WIDTH, temporal=client, worker=True, consumers=["trainer"])
 
 
 async def test_without_parts_the_lowered_limit_holds_a_batch_at_it(
