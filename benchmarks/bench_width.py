@@ -19,9 +19,12 @@ only way before parts). Prints, per N:
 The plain baseline is the ideal: W seconds of wall and no CPU while the agents wait.
 
 ``--tuner resource`` runs the same on a worker with temporalio's resource-based tuner instead.
+``--stream`` runs each width as a streamed batch (``Taskset.start``'s path; wider than one
+workflow, its parts feed the one stream) with a consumer in this process acking 16 groups at a
+time; the wall then ends with the last acknowledgement, and ``delivered`` counts its groups.
 
     python benchmarks/bench_width.py [--n 500,2000,5000] [--wait 60] [--window 20] [--settle 10] [--batch 500]
-        [--tuner fixed|resource]
+        [--tuner fixed|resource] [--stream]
 """
 
 from __future__ import annotations
@@ -73,11 +76,18 @@ def _resource_worker(client, n: int):  # type: ignore[no-untyped-def]
     return build_worker(client, task_queue=queue, tuner=tuner), queue
 
 
+async def _consume(job: object, delivered: list[int]) -> None:
+    async for batch in job.stream(consumer="trainer", batch_size=16):  # type: ignore[attr-defined]
+        delivered[0] += len(batch.groups)
+        await batch.ack()
+
+
 async def one(n: int, wait: float, window: float, server: psutil.Process, tuner: str,
-              settle: float, batch: int) -> dict[str, float]:
+              settle: float, batch: int, stream: bool = False) -> dict[str, float]:
     from durable_rollouts import LocalRuntime, Taskset
     from durable_rollouts.settings import settings
     from durable_rollouts.temporal.batches import _client, _ensure_worker, start_job
+    from durable_rollouts.temporal.live import LiveJob, stream_options
     from durable_rollouts.workflows.types import MAX_CONCURRENT
 
     own: dict[str, object] = {}
@@ -102,12 +112,17 @@ async def one(n: int, wait: float, window: float, server: psutil.Process, tuner:
     sizes = [n // batches + (1 if i < n % batches else 0) for i in range(batches)]
     rows = letter_tasks(n)
     t0 = time.perf_counter()
-    handles, offset = [], 0
+    handles, offset, delivered, consumers = [], 0, [0], []
     for i, size in enumerate(sizes):
         taskset = Taskset(f"width-{n}-{i}", rows[offset:offset + size])
         offset += size
-        handles.append(await start_job(taskset, WaitAgent(seconds=wait), runtime=LocalRuntime(LETTERS),
-                                       max_concurrent=size, **own))  # type: ignore[arg-type]
+        extra = {"stream": stream_options(None, None, "resample", 120.0, ["trainer"], None)} if stream else {}
+        handle = await start_job(taskset, WaitAgent(seconds=wait), runtime=LocalRuntime(LETTERS),
+                                 max_concurrent=size, **own, **extra)  # type: ignore[arg-type]
+        if stream:
+            handle = LiveJob(handle, (await _client(None))[0] if not own else own["temporal"])
+            consumers.append(asyncio.ensure_future(_consume(handle, delivered)))
+        handles.append(handle)
     started_all = time.perf_counter() - t0
     reached = await _plateau(n, time.monotonic() + wait * 0.8)
     ramp = time.perf_counter() - t0
@@ -119,6 +134,7 @@ async def one(n: int, wait: float, window: float, server: psutil.Process, tuner:
     await asyncio.sleep(idle_window)
     idle_worker, idle_server = _cpu(me) - c0, _cpu(server) - s0
     in_flight = WaitAgent.waiting
+    await asyncio.gather(*consumers)
     jobs = await asyncio.gather(*(h.wait() for h in handles))
     wall = time.perf_counter() - t0
     if worker is not None:
@@ -134,11 +150,12 @@ async def one(n: int, wait: float, window: float, server: psutil.Process, tuner:
         "idle_worker": idle_worker * per_idle, "idle_server": idle_server * per_idle,
         "net_idle": (idle_worker + idle_server - (base_worker + base_server) * idle_window) * per_idle,
         "reprovisioned": sum(1 for r in runs if (r.attempts or 1) > 1),
-        "not_ok": sum(1 for r in runs if r.status != "succeeded"),
+        "not_ok": sum(1 for r in runs if r.status != "succeeded"), "delivered": delivered[0],
     }
 
 
-async def main(ns: list[int], wait: float, window: float, tuner: str, settle: float, batch: int) -> None:
+async def main(ns: list[int], wait: float, window: float, tuner: str, settle: float, batch: int,
+               stream: bool = False) -> None:
     from durable_rollouts import LocalRuntime, Taskset
     from durable_rollouts.temporal.batches import shutdown_embedded, start_job
 
@@ -151,7 +168,7 @@ async def main(ns: list[int], wait: float, window: float, tuner: str, settle: fl
           f"{'idle worker ms/s':>16} {'idle server ms/s':>16} {'idle total':>10} {'net of base':>11} "
           f"{'reprov':>6} {'not ok':>6}")
     for n in ns:
-        r = await one(n, wait, window, server, tuner, settle, batch)
+        r = await one(n, wait, window, server, tuner, settle, batch, stream)
         print(f"{n:>6} {wait:>5.0f} {r['wall']:>7.1f} {r['ratio']:>5.2f} {r['ramp_s']:>7.1f} "
               f"{r['in_flight']:>8.0f} {r['rss_kib']:>15.0f} {r['worker_ms']:>17.1f} "
               f"{r['server_ms']:>17.1f} {r['idle_worker']:>16.3f} {r['idle_server']:>16.3f} "
@@ -159,16 +176,17 @@ async def main(ns: list[int], wait: float, window: float, tuner: str, settle: fl
               f"{r['reprovisioned']:>6} {r['not_ok']:>6}",
               flush=True)
         print(f"       ({r['batches']} batch(es); all started in {r['start_s']:.1f} s; idle sampled "
-              f"over {r['idle_window']:.0f} s with {r['in_flight']:.0f} agents waiting)", flush=True)
+              f"over {r['idle_window']:.0f} s with {r['in_flight']:.0f} agents waiting"
+              + (f"; {r['delivered']} groups streamed" if stream else "") + ")", flush=True)
     await shutdown_embedded()
 
 
 async def session_main(ns: list[int], wait: float, window: float, tuner: str, settle: float,
-                       batch: int) -> None:
+                       batch: int, stream: bool) -> None:
     from durable_rollouts import session
 
     async with session():  # widths above one batch's start batches on one worker
-        await main(ns, wait, window, tuner, settle, batch)
+        await main(ns, wait, window, tuner, settle, batch, stream)
 
 
 if __name__ == "__main__":
@@ -186,12 +204,14 @@ if __name__ == "__main__":
     parser.add_argument("--tuner", choices=["fixed", "resource"], default="fixed",
                         help="fixed: Taskset.run's in-process worker, slots sized from the width; "
                              "resource: a worker with temporalio's resource-based tuner")
+    parser.add_argument("--stream", action="store_true",
+                        help="each width as a streamed batch, consumed and acked in this process")
     args = parser.parse_args()
     from durable_rollouts.settings import settings
 
     config = settings()
-    print(f"tuner={args.tuner} worker watch={config.worker_watch:g} s "
+    print(f"tuner={args.tuner} stream={args.stream} worker watch={config.worker_watch:g} s "
           f"agent heartbeat timeout={config.agent_heartbeat_s:g} s", flush=True)
     with private_home():
         asyncio.run(session_main([int(x) for x in args.n.split(",")], args.wait, args.window, args.tuner,
-                                 args.settle, args.batch))
+                                 args.settle, args.batch, args.stream))

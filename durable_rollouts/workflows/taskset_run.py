@@ -7,8 +7,9 @@ children pending, counts compact results, answers the ``progress`` query, shows 
 the Web UI, and continues-as-new before its history grows large: the rollouts still running go on
 (their children outlive the run) and the next run awaits them (``rollout_children``); a streamed
 batch, and runs recorded before ``PATCH_OUTLIVE``, drain their children first.
-A batch wider than one workflow may hold runs as parts, child TasksetRuns (``fan_out``); each
-rollout is a ``Rollout`` child (``rollout_children``).
+A batch wider than one workflow may hold runs as parts, child TasksetRuns (``fan_out``; a
+streamed one, ``stream_parts``); each rollout is a ``Rollout`` child (``rollout_children``); what
+ends rollouts early (an unresolved group, ``on_error="fail"``, a cancel) is ``batch_stops``.
 
 A streamed batch (``Taskset.start``: ``TasksetRunInput.stream``) also keeps its finished groups
 for consumers (``stream``, handlers in ``stream_handlers``): it starts a new group only while
@@ -30,6 +31,7 @@ from temporalio.exceptions import ActivityError
 with workflow.unsafe.imports_passed_through():
     from durable_rollouts.ids import child_id, group_id, rollout_id, workflow_id
     from durable_rollouts.models import RolloutResult, Task
+    from durable_rollouts.workflows.batch_stops import BatchStops
     from durable_rollouts.workflows.fan_out import FanOut, part_slices
     from durable_rollouts.workflows.rollout_children import KEY_STATUS, PATCH_OUTLIVE, RolloutChildren
     from durable_rollouts.workflows.stream import StreamState
@@ -67,7 +69,7 @@ MAX_UPDATES_PER_RUN = 1000
 
 
 @workflow.defn(name="TasksetRun")
-class TasksetRun(StreamHandlers, StreamParts, FanOut, RolloutChildren):
+class TasksetRun(StreamHandlers, StreamParts, FanOut, RolloutChildren, BatchStops):
     """Run every row ``group`` times; return compact results (or claim checks for them)."""
 
     @workflow.init
@@ -226,11 +228,17 @@ class TasksetRun(StreamHandlers, StreamParts, FanOut, RolloutChildren):
         def settled() -> bool:
             return workflow.all_handlers_finished() and not self._starting
 
-        await workflow.wait_condition(settled)
-        while not settled():
+        counted: set[asyncio.Task[RolloutResult]] = set()
+        while True:  # a part waits for its batch to take what it counted: count what ended meanwhile
             await workflow.wait_condition(settled)
-        self._tally(inp, [f for f in pending if f.done()], results)  # ended meanwhile: count them
-        await self._forwarded(inp)  # a part: its batch has every result it counted
+            while not settled():
+                await workflow.wait_condition(settled)
+            ended = [f for f in pending if f.done() and f not in counted]
+            self._tally(inp, ended, results)  # ended meanwhile: count them
+            counted.update(ended)
+            if inp.forward_to is None or not (self._outbox or self._sends):
+                break
+            await self._forwarded(inp)  # a part: its batch has every result it counted
         carry = inp.model_copy(update={
             "next_index": index, "results": results, "result_refs": refs,
             # only groups that still have rollouts to start need their resolved task
@@ -254,73 +262,6 @@ class TasksetRun(StreamHandlers, StreamParts, FanOut, RolloutChildren):
             before = len(self._stream.slots)
             self._stream.finish(result, self._policy)
             self._progress.total += len(self._stream.slots) - before  # a re-sampled group's rollouts
-
-    def _group_unresolved(self, inp: TasksetRunInput, row: Task, slot: tuple[int, int, int], index: int,
-                          total: int, err: ActivityError, results: list[RolloutResult]) -> int:
-        """Record every rollout of a group whose task did not resolve as failed; the next index."""
-        assert self._progress is not None
-        row_index, _, resample = slot
-        while (nxt := self._next_slot(inp, index, total)) is not None and nxt[0] == row_index \
-                and nxt[2] == resample:
-            failed = self._unresolved(inp, row, row_index, nxt[1], err, resample)
-            results.append(failed)
-            self._progress.started += 1
-            self._group_started(inp, nxt)
-            self._count(inp, failed)
-            index = self._consume(nxt, index)
-        return index
-
-    async def _fail_rest(self, inp: TasksetRunInput, pending: list[asyncio.Task[RolloutResult]],
-                         index: int, total: int, results: list[RolloutResult]) -> int:
-        """Cancel every running rollout (each one still tears down) and record the unstarted ones
-        as cancelled; returns ``total`` (nothing is left to start)."""
-        progress = self._progress
-        assert progress is not None
-        for fut in pending:
-            fut.cancel()
-        await self._stop_carried()
-        cut = f"on_error=fail stopped the batch after {self._failed_on} failed"
-        for outcome in await asyncio.gather(*pending, return_exceptions=True):
-            if isinstance(outcome, RolloutResult):
-                if outcome.status == "cancelled" and cut not in (outcome.error or ""):
-                    outcome.error = f"cancelled: {cut}" + (f" ({outcome.error})" if outcome.error else "")
-                results.append(outcome)
-                progress.running -= 1
-                progress.count(outcome)
-        note = f"not started: {cut}"
-        while index < total:
-            row_index, group_index = self._slot(inp, index)
-            row = await self._row(inp, row_index)
-            skipped = RolloutResult(
-                rollout_id=rollout_id(inp.job_id, row.slug, group_index, inp.batch_index), slug=row.slug,
-                group_id=group_id(inp.job_id, row_index, inp.batch_index), group_index=group_index,
-                row_index=row_index, status="cancelled", attempts=0, error=note)
-            results.append(skipped)
-            progress.started += 1
-            progress.count(skipped)
-            index += 1
-        return index
-
-    async def _cancel_children(self, inp: TasksetRunInput, pending: list[asyncio.Task[RolloutResult]]) -> None:
-        # Cancel every running Rollout and wait for it, so each one's teardown runs before we close.
-        for fut in pending:
-            fut.cancel()
-        await self._stop_carried()
-        await asyncio.gather(*pending, return_exceptions=True)
-        if self._progress is not None:
-            self._progress.cancelled += self._progress.running
-            self._progress.running = 0
-        self._set_status(inp, "cancelled")
-
-    def _unresolved(self, inp: TasksetRunInput, row: Task, row_index: int, group_index: int,
-                    err: ActivityError, resample: int = 0) -> RolloutResult:
-        cause = err.cause or err
-        return RolloutResult(
-            rollout_id=rollout_id(inp.job_id, row.slug, group_index, inp.batch_index, resample),
-            slug=row.slug, group_id=group_id(inp.job_id, row_index, inp.batch_index, resample),
-            group_index=group_index,
-            row_index=row_index, status="failed", error=f"[resolving] {cause}", error_phase="resolving",
-        )
 
     @staticmethod
     def _slot(inp: TasksetRunInput, index: int) -> tuple[int, int]:
