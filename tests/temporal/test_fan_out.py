@@ -232,6 +232,37 @@ async def test_max_in_flight_and_the_policy_hold_across_parts_and_continue_as_ne
     assert first and first != runs.execution.run_id  # the batch continued as new meanwhile
 
 
+async def test_stale_groups_from_the_parts_are_sampled_again_by_the_batch(
+        limited_server, per_workflow, tmp_path) -> None:
+    """``max_staleness=0``: the trainer moves to policy 1 after 3 groups; groups the parts finish
+    with version-0 members are stale and sampled again, by the batch once its parts are done.
+    Every row is delivered once, and every re-sampled rollout ran once more."""
+    client = await connect_client(limited_server.address)
+    log = tmp_path / "agents.log"
+    async with session():
+        job = await _taskset("stale-wide").start(
+            CountingAgent(answer="x", log=str(log), seconds=1.0), runtime=LocalRuntime(ENV_FILE),
+            group=GROUP, max_concurrent=WIDTH, temporal=client, worker=True, consumers=["trainer"],
+            task_queue=f"fan-{os.getpid()}-{time.monotonic_ns()}", linger_s=60, policy_version=0,
+            max_staleness=0)
+        records: list = []
+        async for batch in job.stream(consumer="trainer", batch_size=1):
+            records.extend(batch.records)
+            await batch.ack()
+            if len(records) == 3:
+                await job.set_policy(1)
+        await job.wait()
+
+    assert sorted(r.row_index for r in records) == list(range(ROWS))  # every row once
+    assert len({r.group_id for r in records}) == ROWS
+    again = [r for r in records if r.policy_version == 1]
+    assert again and all(len(r.results) == GROUP for r in records)
+    started = Counter(line.split()[1] for line in read_lines(log))
+    assert set(started.values()) == {1}  # a re-sampled rollout is a new rollout (its own id)
+    resampled = len(started) - ROWS * GROUP
+    assert resampled > 0 and resampled % GROUP == 0, resampled
+
+
 async def test_an_open_ended_streamed_batch_that_wide_is_refused(limited_server, per_workflow) -> None:
     client = await connect_client(limited_server.address)
     with pytest.raises(ConfigError, match="ROLLOUTS_CHILDREN_PER_WORKFLOW") as err:
