@@ -23,7 +23,12 @@ in its state (its ``stream_kept`` query, sampled) and the largest continue-as-ne
 input of every run after the first, from the batch's history): with pages (``--page-size``)
 neither grows with the job's length.
 
-    python benchmarks/bench_stream.py --long --n 100000 --group 4 --batch-sizes 1,8 [--page-size 128]
+    python benchmarks/bench_stream.py --long --n 100000 --group 4 --batch-sizes 1,8 [--page-size 128] [--pipelined]
+
+``--pipelined``: the consumers ack with ``batch.ack(wait=False)`` (one ack in flight, the acks sent
+meanwhile recorded together when it lands). Each consumer also reports its batch lag: a batch's
+last group ended -> the consumer has the batch (the delivery lag without the wait for a batch of
+B groups to fill).
 """
 
 from __future__ import annotations
@@ -165,7 +170,7 @@ class Long:
 
 async def long_phase(taskset, agent, runtime, group: int, concurrency: int,
                      batch_sizes: list[int], phase: Phase, page_size: int, address: str,
-                     long: Long) -> dict[int, dict]:
+                     long: Long, pipelined: bool = False) -> dict[int, dict]:
     """One job, one consumer process per batch size (``_stream_consumer.py``), sampled as it goes.
 
     Every consumer is registered, so a group leaves the workflow's state only when all of them
@@ -181,7 +186,8 @@ async def long_phase(taskset, agent, runtime, group: int, concurrency: int,
                                   consumers=list(names.values()), linger_s=600, page_size=page_size)
         procs = {size: await asyncio.create_subprocess_exec(
             sys.executable, str(Path(__file__).parent / "_stream_consumer.py"), address, job.id,
-            name, str(size), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+            name, str(size), *(["pipelined"] if pipelined else []), stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE)
             for size, name in names.items()}
         handle = job.client.get_workflow_handle(workflow_id(job.id))
         marks = [10, 50]
@@ -234,9 +240,11 @@ def report_long(long: Long, logs: dict[int, dict]) -> None:
     for size, log in sorted(logs.items()):
         ms = [1000 * a for a in log["acks"]]
         lag = [1000 * x for x in log["lags"]]
+        ready = [1000 * x for x in log.get("batch_lags", [])] or [float("nan")]
         print(f"{'':<22} consumer b={size}: {len(ms)} acks p50 {percentile(ms, 0.5):.0f} ms, "
               f"p99 {percentile(ms, 0.99):.0f} ms; delivery lag p50 {percentile(lag, 0.5):.0f} ms, "
-              f"p99 {percentile(lag, 0.99):.0f} ms", flush=True)
+              f"p99 {percentile(lag, 0.99):.0f} ms; batch lag (its last group) p50 "
+              f"{percentile(ready, 0.5):.0f} ms, p99 {percentile(ready, 0.99):.0f} ms", flush=True)
     growth = 100 * (long.rss_at[100][0] / long.rss_at[10][0] - 1) if 10 in long.rss_at else float("nan")
     sgrowth = 100 * (long.rss_at[100][1] / long.rss_at[10][1] - 1) if 10 in long.rss_at else float("nan")
     print(f"{'':<22} peak RSS worker / server MiB at {rss} (growth 10%->100%: worker {growth:+.0f}%, "
@@ -326,8 +334,9 @@ async def long_main(args: argparse.Namespace, taskset, agent, runtime, me, serve
             phase, long = Phase(me, server), Long()
             logs = await long_phase(taskset, agent, runtime, args.group, args.concurrency,
                                     args.batch_sizes, phase, args.page_size,
-                                    f"127.0.0.1:{port}", long)
-            report(f"one job, consumers b={','.join(map(str, args.batch_sizes))}", phase,
+                                    f"127.0.0.1:{port}", long, args.pipelined)
+            acks = ", pipelined acks" if args.pipelined else ""
+            report(f"one job, consumers b={','.join(map(str, args.batch_sizes))}{acks}", phase,
                    len(taskset) * args.group)
             report_long(long, logs)
             continue
@@ -352,6 +361,8 @@ if __name__ == "__main__":
                         help="also consume with `rollouts stream -o FILE` (the last batch size)")
     parser.add_argument("--long", action="store_true",
                         help="consumer in its own process; RSS at 10/50/100%%, kept state, carries")
+    parser.add_argument("--pipelined", action="store_true",
+                        help="--long: the consumers ack with ack(wait=False) (one ack in flight)")
     parser.add_argument("--page-size", type=int, default=128, help="stream page size (--long)")
     parser.add_argument("--baseline-n", type=int, default=20_000,
                         help="rollouts of each Taskset.run the --long stream is compared with")

@@ -55,7 +55,10 @@ from .stream_reader import Chunk, JobClosedError, StreamReader
 
 __all__ = ["JobClosedError", "LiveJob", "StreamBatch", "UpdateTimeoutError", "attach", "start_live"]
 
-POLL_S = 0.5  # how often a waiting stream asks the batch for new groups
+POLL_S = 0.5  # how often, at most, a waiting stream asks the batch for new groups
+# ... and at first: a stream that just got groups asks again this soon, then twice as long each
+# time it finds none, up to POLL_S (a group that ends while a consumer waits reaches it sooner).
+FIRST_POLL_S = 0.1
 # A stream reads up to this many groups per query when its batch size is smaller, and hands them
 # out a batch at a time: a consumer behind the batch then pays one query per 16 groups instead of
 # one per batch (each ack is still its own update). Bounded so a reply of groups of 16 long
@@ -108,15 +111,18 @@ class StreamBatch:
     def sizes(self) -> list[int]:
         return [r.size for r in self.records]
 
-    async def ack(self) -> int:
+    async def ack(self, wait: bool = True) -> int:
         """Acknowledge these groups (durable when it returns); returns the consumer's cursor.
 
-        On a job that has closed (its consumers caught up, or it lingered out) the
+        ``wait=False`` returns at once: the ack is recorded behind the one in flight, together
+        with every other sent meanwhile (one update for them all), and is durable once a later
+        awaited ack returns or the stream ends; until then a restarted consumer gets these groups
+        again. On a job that has closed (its consumers caught up, or it lingered out) the
         acknowledgement is stored next to the stream's pages, under the same rules."""
         if self.reader is None:
             return int(await self.job._update("stream_ack", AckRequest(
                 consumer=self.consumer, start=self.start, end=self.end)))
-        return await self.reader.ack(self.start, self.end)
+        return await self.reader.ack(self.start, self.end, wait=wait)
 
 
 _BUSY = {RPCStatusCode.RESOURCE_EXHAUSTED, RPCStatusCode.UNAVAILABLE, RPCStatusCode.DEADLINE_EXCEEDED}
@@ -199,6 +205,7 @@ class LiveJob(Job):
             raise ConfigError(f"batch_size={batch_size!r}: use a whole number from 1 to 1000")
         reader = StreamReader(self, consumer)
         start = await reader.register()
+        delay = FIRST_POLL_S
         while True:
             try:  # read ahead: a consumer behind the batch gets several batches per query
                 chunk = await reader.read(start, max(batch_size, READ_AHEAD_GROUPS))
@@ -208,6 +215,8 @@ class LiveJob(Job):
                 await reader._close()  # closed between two reads: the rest is in storage
                 continue
             batches = carve(chunk, min(batch_size, chunk.max_in_flight or batch_size))
+            if batches:
+                delay = FIRST_POLL_S
             for begin, end in batches:
                 records = chunk.groups[begin - chunk.start:end - chunk.start]
                 batch = StreamBatch(self, consumer, begin, end, records, reader=reader)
@@ -215,11 +224,14 @@ class LiveJob(Job):
                 start = end
                 yield batch
                 if chunk.done and start >= chunk.delivered:
+                    await reader.flush()  # every pipelined ack recorded
                     return  # the last group: the batch may close once it is acknowledged
             if not batches:
                 if chunk.done and not chunk.groups:
+                    await reader.flush()
                     return
-                await asyncio.sleep(poll_s)
+                await asyncio.sleep(min(delay, poll_s))
+                delay *= 2
 
     async def _runs(self, group: FinishedGroup) -> list[Run]:
         loop = asyncio.get_running_loop()

@@ -10,6 +10,12 @@ storage: the manifest says how many groups there are and where every consumer st
 moves the consumer's cursor stored next to it, by the same rule the workflow applies
 (``check_batch``). A batch closed without a manifest (an earlier release, a cancelled batch) is
 read with the query (it needs a worker) and its acks are stored the same way.
+
+Acks may be pipelined (``ack(..., wait=False)``): the reader keeps at most one ack in flight and
+sends every batch acknowledged meanwhile as one range when it lands, so a consumer that hands
+out a batch per group is not held to one update round trip per group. Such an ack is durable
+once a later awaited ack, or ``flush``, returns; until then a restarted consumer gets its groups
+again (never fewer).
 """
 
 from __future__ import annotations
@@ -55,13 +61,19 @@ class StreamReader:
         self.manifest: StreamManifest | None = None
         self.cursor = 0  # closed: the consumer's cursor (stored, or as the batch left it)
         self.delivered = 0  # closed: groups in the stream
+        self.durable = 0  # the consumer's cursor as last recorded (by the batch, or in storage)
+        self.target = 0  # every group before it is acknowledged, recorded or not yet
+        self._flight: asyncio.Task[None] | None = None  # the ack being recorded, and those after it
+        self._failed: BaseException | None = None  # a pipelined ack that could not be recorded
 
     async def register(self) -> int:
         """Register the consumer (the batch keeps its groups for it); returns its cursor."""
         try:
-            return int(await self.job._update("stream_register", self.consumer))
+            cursor = int(await self.job._update("stream_register", self.consumer))
         except JobClosedError:
-            return await self._close()
+            cursor = await self._close()
+        self.durable = self.target = cursor
+        return cursor
 
     async def _close(self) -> int:
         """Switch to the stream in storage (the batch has closed, or is closing)."""
@@ -111,8 +123,50 @@ class StreamReader:
         return Chunk(start, groups, done=view.done or self.closed, max_in_flight=view.max_in_flight,
                      delivered=view.delivered)
 
-    async def ack(self, start: int, end: int) -> int:
-        """Acknowledge ``[start, end)``; returns the consumer's cursor."""
+    async def ack(self, start: int, end: int, wait: bool = True) -> int:
+        """Acknowledge ``[start, end)``; returns the consumer's recorded cursor. With ``wait``
+        (the default) it returns once the ack is recorded; without, at once (the ack is recorded
+        behind the one in flight, with every other ack sent meanwhile, as one range).
+
+        Raises:
+            ConfigError: ``[start, end)`` is not the consumer's next groups, or an earlier
+                pipelined ack was refused.
+        """
+        self._raise_failed()
+        if end <= self.target:  # acknowledged already (a repeat), or queued behind the flight
+            return await self.flush() if wait else self.durable
+        if start != self.target:  # the rule the batch applies, against what this consumer sent
+            raise ConfigError(f"unknown batch {start}-{end} for consumer {self.consumer!r}: its next "
+                              f"unacknowledged group is {self.target}")
+        self.target = end
+        if self._flight is None or self._flight.done():
+            self._flight = asyncio.ensure_future(self._record())
+        return await self.flush() if wait else self.durable
+
+    async def flush(self) -> int:
+        """Wait until every acknowledgement so far is recorded; returns the recorded cursor."""
+        while self._flight is not None and not self._flight.done():
+            await asyncio.shield(self._flight)
+        self._raise_failed()
+        return self.durable
+
+    def _raise_failed(self) -> None:
+        if self._failed is not None:
+            failed, self._failed = self._failed, None
+            raise failed
+
+    async def _record(self) -> None:
+        """Record acks until none is left to record (one update each round: all sent since)."""
+        try:
+            while self.durable < self.target:
+                self.durable = await self._ack_once(self.durable, self.target)
+                self.target = max(self.target, self.durable)  # another reader of this name went on
+        except Exception as exc:  # handed to the consumer's next ack (or flush)
+            self._failed = exc
+            self.target = self.durable
+
+    async def _ack_once(self, start: int, end: int) -> int:
+        """Record ``[start, end)`` in the batch, or in storage once it has closed."""
         req = AckRequest(consumer=self.consumer, start=start, end=end)
         if not self.closed:
             try:

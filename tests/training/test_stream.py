@@ -332,3 +332,41 @@ async def test_a_consumer_behind_the_batch_reads_ahead_one_query_per_many_batche
     assert views <= -(-rows // READ_AHEAD_GROUPS) + 1, views
     done = await asyncio.wait_for(job.wait(), 60)
     assert len(done.runs) == rows and len(read_lines(tmp_path / "grades.log")) == rows
+
+
+async def test_pipelined_acks_go_as_one_update_per_round_trip_and_lose_nothing(
+        client, task_queue, tmp_path: Path) -> None:
+    """``ack(wait=False)``: a consumer 40 groups behind acks each batch of 1 at once; the reader
+    keeps one ack in flight and records the ones sent meanwhile as one range, so the batch takes
+    far fewer than 40 acks; at the stream's end every ack is recorded (the job closes, and the
+    consumer reading again gets nothing). A pipelined ack out of order is one clear error."""
+    rows = 40
+    job = await _rows(tmp_path, rows).start(CountingAgent(answer="x"), runtime=LocalRuntime(ENV_FILE),
+                                            temporal=client, worker=True, task_queue=task_queue,
+                                            consumers=["trainer"])
+    handle = client.get_workflow_handle(workflow_id(job.id))
+    for _ in range(600):  # every group finished before the trainer reads
+        kept = await handle.query("stream_kept")
+        if kept["base"] + kept["kept_groups"] == rows:
+            break
+        await asyncio.sleep(0.1)
+    seen: list[str] = []
+    stream = job.stream(consumer="trainer", batch_size=1)
+    async for batch in stream:
+        if not seen:
+            with pytest.raises(ConfigError, match="unknown batch 5-6"):
+                await batch.reader.ack(5, 6, wait=False)
+        seen.extend(r.group_id for r in batch.records)
+        assert await batch.ack(wait=False) <= batch.end  # recorded up to here, or not yet
+    assert len(seen) == len(set(seen)) == rows
+    done = await asyncio.wait_for(job.wait(), 60)  # closes: the consumer caught up, recorded
+    assert len(done.runs) == rows
+    acks = 0
+    async for event in handle.fetch_history_events():
+        accepted = event.workflow_execution_update_accepted_event_attributes
+        if event.HasField("workflow_execution_update_accepted_event_attributes") \
+                and accepted.accepted_request.input.name == "stream_ack":
+            acks += 1
+    assert 1 <= acks < rows / 2, acks
+    again = await Job.attach(job.id, temporal=client, worker=False)
+    assert [b async for b in again.stream(consumer="trainer")] == []
