@@ -55,10 +55,7 @@ from .stream_reader import Chunk, JobClosedError, StreamReader
 
 __all__ = ["JobClosedError", "LiveJob", "StreamBatch", "UpdateTimeoutError", "attach", "start_live"]
 
-POLL_S = 0.5  # how often, at most, a waiting stream asks the batch for new groups
-# ... and at first: a stream that just got groups asks again this soon, then twice as long each
-# time it finds none, up to POLL_S (a group that ends while a consumer waits reaches it sooner).
-FIRST_POLL_S = 0.1
+POLL_S = 0.5  # how often a waiting stream asks the batch for new groups
 # A stream reads up to this many groups per query when its batch size is smaller, and hands them
 # out a batch at a time: a consumer behind the batch then pays one query per 16 groups instead of
 # one per batch (each ack is still its own update). Bounded so a reply of groups of 16 long
@@ -205,7 +202,6 @@ class LiveJob(Job):
             raise ConfigError(f"batch_size={batch_size!r}: use a whole number from 1 to 1000")
         reader = StreamReader(self, consumer)
         start = await reader.register()
-        delay = FIRST_POLL_S
         while True:
             try:  # read ahead: a consumer behind the batch gets several batches per query
                 chunk = await reader.read(start, max(batch_size, READ_AHEAD_GROUPS))
@@ -215,8 +211,6 @@ class LiveJob(Job):
                 await reader._close()  # closed between two reads: the rest is in storage
                 continue
             batches = carve(chunk, min(batch_size, chunk.max_in_flight or batch_size))
-            if batches:
-                delay = FIRST_POLL_S
             for begin, end in batches:
                 records = chunk.groups[begin - chunk.start:end - chunk.start]
                 batch = StreamBatch(self, consumer, begin, end, records, reader=reader)
@@ -230,8 +224,7 @@ class LiveJob(Job):
                 if chunk.done and not chunk.groups:
                     await reader.flush()
                     return
-                await asyncio.sleep(min(delay, poll_s))
-                delay *= 2
+                await asyncio.sleep(poll_s)
 
     async def _runs(self, group: FinishedGroup) -> list[Run]:
         loop = asyncio.get_running_loop()

@@ -149,6 +149,14 @@ async def test_cancel_stops_every_part_and_resume_runs_the_rest_as_parts(
     assert part is not None and part.start_time > (await describe(client, workflow_id(job_id))).start_time
 
 
+async def _start_streamed(client, name: str, log, seconds: float, **options):  # type: ignore[no-untyped-def]
+    """A streamed batch of ``_taskset(name)``, ``WIDTH`` wide, consumer ``trainer`` registered."""
+    return await _taskset(name).start(
+        CountingAgent(answer="x", log=str(log), seconds=seconds), runtime=LocalRuntime(ENV_FILE),
+        group=GROUP, max_concurrent=WIDTH, temporal=client, worker=True, consumers=["trainer"],
+        task_queue=f"fan-{os.getpid()}-{time.monotonic_ns()}", linger_s=60, **options)
+
+
 async def _consume(job, seen: list, *, batch_size: int, every_group: object = None) -> None:
     """Read the job's stream as consumer ``trainer`` to its end, acking each batch; calls
     ``every_group(count)`` after each batch."""
@@ -166,10 +174,7 @@ async def test_a_streamed_batch_wider_than_one_workflow_feeds_one_stream(
     client = await connect_client(limited_server.address)
     log = tmp_path / "agents.log"
     async with session():
-        job = await _taskset("wide-stream").start(
-            CountingAgent(answer="x", log=str(log), seconds=3.0), runtime=LocalRuntime(ENV_FILE),
-            group=GROUP, max_concurrent=WIDTH, temporal=client, worker=True, consumers=["trainer"],
-            task_queue=f"fan-{os.getpid()}-{time.monotonic_ns()}", linger_s=60)
+        job = await _start_streamed(client, "wide-stream", log, 3.0)
         groups: list = []
         consumed = asyncio.ensure_future(_consume(job, groups, batch_size=4))
         peak = await _peak_running(job.handle, consumed)
@@ -201,11 +206,8 @@ async def test_max_in_flight_and_the_policy_hold_across_parts_and_continue_as_ne
     log = tmp_path / "agents.log"
     flight = 12
     async with session():
-        job = await _taskset("paced-stream").start(
-            CountingAgent(answer="x", log=str(log), seconds=1.0), runtime=LocalRuntime(ENV_FILE),
-            group=GROUP, max_concurrent=WIDTH, temporal=client, worker=True, consumers=["trainer"],
-            task_queue=f"fan-{os.getpid()}-{time.monotonic_ns()}", linger_s=60,
-            max_in_flight=flight, max_history_events=120)
+        job = await _start_streamed(client, "paced-stream", log, 1.0, max_in_flight=flight,
+                                    max_history_events=120)
         groups: list = []
         worst: list[int] = []
 
@@ -240,11 +242,7 @@ async def test_stale_groups_from_the_parts_are_sampled_again_by_the_batch(
     client = await connect_client(limited_server.address)
     log = tmp_path / "agents.log"
     async with session():
-        job = await _taskset("stale-wide").start(
-            CountingAgent(answer="x", log=str(log), seconds=1.0), runtime=LocalRuntime(ENV_FILE),
-            group=GROUP, max_concurrent=WIDTH, temporal=client, worker=True, consumers=["trainer"],
-            task_queue=f"fan-{os.getpid()}-{time.monotonic_ns()}", linger_s=60, policy_version=0,
-            max_staleness=0)
+        job = await _start_streamed(client, "stale-wide", log, 1.0, policy_version=0, max_staleness=0)
         records: list = []
         async for batch in job.stream(consumer="trainer", batch_size=1):
             records.extend(batch.records)
