@@ -22,15 +22,17 @@ from collections import Counter
 import pytest
 from temporal_helpers import ENV_FILE, HERE, CountingAgent, DevServer, read_lines
 from temporalio.common import SearchAttributeKey
+from temporalio.worker import Replayer
 
 from durable_rollouts import session
 from durable_rollouts.errors import ConfigError
 from durable_rollouts.models import Task
 from durable_rollouts.runtimes import LocalRuntime
 from durable_rollouts.sdk.taskset import Taskset
+from durable_rollouts.temporal.codec import data_converter
 from durable_rollouts.temporal.connection import connect_client
 from durable_rollouts.temporal.jobs import describe
-from durable_rollouts.workflows import workflow_id
+from durable_rollouts.workflows import Rollout, TasksetRun, workflow_id
 
 sys.path.insert(0, str(HERE.parents[0] / "cli"))
 from cli_helpers import rollouts
@@ -232,6 +234,16 @@ async def test_max_in_flight_and_the_policy_hold_across_parts_and_continue_as_ne
     assert sorted(started) == sorted(r.rollout_id for r in done.runs)
     first = runs.first_run_id
     assert first and first != runs.execution.run_id  # the batch continued as new meanwhile
+    # Every run of the batch and of its parts replays on this release's code (deterministic).
+    replayer = Replayer(workflows=[TasksetRun, Rollout], data_converter=data_converter())
+    batch = workflow_id(job.id)
+    histories = []
+    for wid in [batch, *(f"{batch}/part-{k}" for k in range(4))]:
+        async for execution in client.list_workflows(f'WorkflowId="{wid}"'):
+            histories.append(await client.get_workflow_handle(wid, run_id=execution.run_id).fetch_history())
+    assert len(histories) > 5  # the batch's runs (more than one) and the 4 parts'
+    for history in histories:
+        await replayer.replay_workflow(history)
 
 
 async def test_stale_groups_from_the_parts_are_sampled_again_by_the_batch(
