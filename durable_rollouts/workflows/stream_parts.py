@@ -196,6 +196,7 @@ class StreamParts:
             await self._start_stream_parts(inp, slices, part_input)
         try:
             while True:
+                seen = self._part_news  # before any await: a signal taken meanwhile wakes the wait
                 self._merge_parts(results, refs)
                 if not self._parts:
                     return False
@@ -204,10 +205,9 @@ class StreamParts:
                 await self._page_out(inp)
                 if self._too_long(inp):
                     return True
-                seen = self._part_news
                 await workflow.wait_condition(
-                    lambda: self._part_news != seen or self._grantable() or self._policy_news()
-                    or self._too_long(inp))
+                    lambda: self._part_news != seen or self._part_ended() or self._grantable()
+                    or self._policy_news() or self._too_long(inp))
         except asyncio.CancelledError:
             for part in self._parts.values():
                 if part.done is None:
@@ -238,6 +238,9 @@ class StreamParts:
                 self._failed_on = done.failed_on
                 for other in self._parts.values():
                     self._send(other.workflow_id, "stop_batch", done.failed_on)
+
+    def _part_ended(self) -> bool:
+        return any(p.done is not None for p in self._parts.values())
 
     def _room(self) -> int:
         """Groups that may still be granted under ``max_in_flight`` (granted and not finished,

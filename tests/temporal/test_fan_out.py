@@ -176,7 +176,7 @@ async def test_a_streamed_batch_wider_than_one_workflow_feeds_one_stream(
     client = await connect_client(limited_server.address)
     log = tmp_path / "agents.log"
     async with session():
-        job = await _start_streamed(client, "wide-stream", log, 3.0)
+        job = await _start_streamed(client, "wide-stream", log, 3.0, page_size=2)  # pages written as parts end
         groups: list = []
         consumed = asyncio.ensure_future(_consume(job, groups, batch_size=4))
         peak = await _peak_running(job.handle, consumed)
