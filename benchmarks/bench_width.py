@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
 import math
 import os
@@ -87,7 +88,7 @@ async def one(n: int, wait: float, window: float, server: psutil.Process, tuner:
     from durable_rollouts import LocalRuntime, Taskset
     from durable_rollouts.settings import settings
     from durable_rollouts.temporal.batches import _client, _ensure_worker, start_job
-    from durable_rollouts.temporal.live import LiveJob, stream_options
+    from durable_rollouts.temporal.live import start_live
     from durable_rollouts.workflows.types import MAX_CONCURRENT
 
     own: dict[str, object] = {}
@@ -116,11 +117,10 @@ async def one(n: int, wait: float, window: float, server: psutil.Process, tuner:
     for i, size in enumerate(sizes):
         taskset = Taskset(f"width-{n}-{i}", rows[offset:offset + size])
         offset += size
-        extra = {"stream": stream_options(None, None, "resample", 120.0, ["trainer"], None)} if stream else {}
-        handle = await start_job(taskset, WaitAgent(seconds=wait), runtime=LocalRuntime(LETTERS),
-                                 max_concurrent=size, **own, **extra)  # type: ignore[arg-type]
-        if stream:
-            handle = LiveJob(handle, (await _client(None))[0] if not own else own["temporal"])
+        start = functools.partial(start_live, consumers=["trainer"], linger_s=120.0) if stream else start_job
+        handle = await start(taskset, WaitAgent(seconds=wait), runtime=LocalRuntime(LETTERS),
+                             max_concurrent=size, **own)  # type: ignore[arg-type]
+        if stream:  # Taskset.start's path: a LiveJob, consumed here
             consumers.append(asyncio.ensure_future(_consume(handle, delivered)))
         handles.append(handle)
     started_all = time.perf_counter() - t0

@@ -72,6 +72,7 @@ class StreamParts:
     _outbox: list[RolloutResult]  # a part's finished rollouts not yet forwarded
     _sends: list[asyncio.Future[Any]]  # signals sent and not yet confirmed
     _page_out: Callable[..., Awaitable[bool]]  # the stream's (``stream_handlers``)
+    _part_input: Callable[..., TasksetRunInput]  # a part's input (``fan_out``)
     _too_long: Callable[[TasksetRunInput], bool]  # the workflow's
 
     def _init_parts(self, inp: TasksetRunInput) -> None:
@@ -106,26 +107,18 @@ class StreamParts:
 
     def _forward(self, inp: TasksetRunInput) -> None:
         """Send what this part finished to its batch (the sends are confirmed later)."""
-        for sent in [s for s in self._sends if s.done()]:  # confirmed (or refused: the batch closed)
-            self._sends.remove(sent)
-            if not sent.cancelled() and sent.exception() is not None:
-                workflow.logger.warning("part %s: results not forwarded (%s)", inp.part, sent.exception())
-        if inp.forward_to is None or not self._outbox:
+        if inp.forward_to is None:
             return
-        batch = workflow.get_external_workflow_handle(inp.forward_to)
         while self._outbox:
             chunk, self._outbox = self._outbox[:FORWARD_CHUNK], self._outbox[FORWARD_CHUNK:]
-            self._sends.append(asyncio.ensure_future(
-                batch.signal("part_results", PartResults(part=inp.part or 0, results=chunk))))
+            self._send(inp.forward_to, "part_results", PartResults(part=inp.part or 0, results=chunk))
 
     async def _forwarded(self, inp: TasksetRunInput) -> None:
         """Forward the rest and wait until the batch has every result (before the part continues
         as new or closes: its ``part_done`` never overtakes its results)."""
         self._forward(inp)
-        sends, self._sends = self._sends, []
-        for outcome in await asyncio.gather(*sends, return_exceptions=True):
-            if isinstance(outcome, BaseException):  # the batch closed (terminated): no one to tell
-                workflow.logger.warning("part %s: results not forwarded (%s)", inp.part, outcome)
+        for failure in await self._settle_sends():  # the batch closed (terminated): no one to tell
+            workflow.logger.warning("part %s: results not forwarded (%s)", inp.part, failure)
 
     async def _report_done(self, inp: TasksetRunInput, result: TasksetRunResult) -> None:
         """Tell the batch this part closed, with its counters and results (claim checks)."""
@@ -163,8 +156,7 @@ class StreamParts:
         if part is not None:
             part.done = done.result
 
-    async def _start_stream_parts(self, inp: TasksetRunInput, slices: list[tuple[int, int]],
-                                  part_input: Any) -> None:
+    async def _start_stream_parts(self, inp: TasksetRunInput, slices: list[tuple[int, int]]) -> None:
         """Start a part per slice, each with its share of ``max_in_flight`` as grants."""
         assert self._stream is not None and self._progress is not None
         me, n = workflow.info().workflow_id, len(slices)
@@ -174,7 +166,7 @@ class StreamParts:
         for k, (start, stop) in enumerate(slices):
             share = None if limit is None else limit // n + (k < limit % n)
             wid = shard_id(me, k)
-            child = part_input(inp, k, start, stop, n, {}).model_copy(update={
+            child = self._part_input(inp, k, start, stop, n, {}).model_copy(update={
                 "stream": None, "stream_state": None, "forward_to": me, "credits": share,
                 "policy": self._policy, "parts": []})
             await workflow.start_child_workflow(
@@ -187,13 +179,12 @@ class StreamParts:
             self._progress.parts.append(wid)
 
     async def _run_stream_parts(self, inp: TasksetRunInput, slices: list[tuple[int, int]],
-                                part_input: Any, results: list[RolloutResult],
-                                refs: list[ResultsRef]) -> bool:
+                                results: list[RolloutResult], refs: list[ResultsRef]) -> bool:
         """Run the parts (start them, or go on with those a previous run carried) until every
         one reported its end, granting groups and passing the policy on meanwhile; True when the
         run should continue as new first (its parts go on)."""
         if slices:
-            await self._start_stream_parts(inp, slices, part_input)
+            await self._start_stream_parts(inp, slices)
         try:
             while True:
                 seen = self._part_news  # before any await: a signal taken meanwhile wakes the wait
@@ -262,10 +253,12 @@ class StreamParts:
     def _grant(self) -> None:
         """Grant groups while there is room, each to the part with the fewest open grants."""
         raised: set[int] = set()
-        while self._grantable():
-            part = min(self._wanting(), key=lambda p: ((p.granted or 0) - p.finished, p.part))
+        room = self._room() if self._grantable() else 0
+        while room > 0 and (wanting := self._wanting()):
+            part = min(wanting, key=lambda p: ((p.granted or 0) - p.finished, p.part))
             part.granted = (part.granted or 0) + 1
             raised.add(part.part)
+            room -= 1
         for k in sorted(raised):
             self._send(self._parts[k].workflow_id, "grant_groups", self._parts[k].granted)
 
@@ -282,10 +275,18 @@ class StreamParts:
                 self._send(part.workflow_id, "part_policy", self._policy)
 
     def _send(self, workflow_id: str, signal: str, arg: Any) -> None:
+        """Signal ``workflow_id`` (confirmed later: ``_settle_sends``); drops the sends confirmed
+        so far."""
+        for sent in [s for s in self._sends if s.done()]:
+            self._sends.remove(sent)
+            if not sent.cancelled():
+                sent.exception()  # retrieved: a refused one went to a workflow that closed meanwhile
         self._sends.append(asyncio.ensure_future(
             workflow.get_external_workflow_handle(workflow_id).signal(signal, arg)))
 
-    async def _settle_sends(self) -> None:
-        """Wait for the signals this run sent (a part that closed meanwhile refuses its own)."""
+    async def _settle_sends(self) -> list[BaseException]:
+        """Wait for the signals this run sent; returns the refused ones' errors (a workflow that
+        closed meanwhile refuses its signals)."""
         sends, self._sends = self._sends, []
-        await asyncio.gather(*sends, return_exceptions=True)
+        outcomes = await asyncio.gather(*sends, return_exceptions=True)
+        return [outcome for outcome in outcomes if isinstance(outcome, BaseException)]

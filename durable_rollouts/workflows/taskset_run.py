@@ -126,7 +126,7 @@ class TasksetRun(StreamHandlers, StreamParts, FanOut, RolloutChildren, BatchStop
             width = min(width, inp.children_per_workflow)
         try:
             if self._stream is not None and (slices or self._parts):  # parts feed the one stream
-                if await self._run_stream_parts(inp, slices, self._part_input, results, refs):
+                if await self._run_stream_parts(inp, slices, results, refs):
                     await self._continue_as_new(inp, total, results, refs, resolved, progress, pending)
                 index = total
             elif slices:
