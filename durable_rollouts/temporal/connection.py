@@ -54,6 +54,7 @@ __all__ = [
 ADDRESS_ENV = var("temporal_address")
 DEFAULT_PORT = 7233
 DEFAULT_UI_PORT = 8233
+QUERY_BUFFER = 64  # queries one workflow may hold while its workflow task runs (server default 1)
 
 
 def temporal_cli() -> str:
@@ -90,7 +91,12 @@ def dev_server_args(port: int, ui_port: int | None, db_file: Path | str | None, 
             # notification) then waits ~50 ms, ~250 ms for a parent + child round trip.
             # Polls are triggered by new tasks (no idle cost); lifting the cap takes the
             # round trip to ~25-30 ms.
-            "--dynamic-config-value", "history.transferProcessorMaxPollRPS=1000"]
+            "--dynamic-config-value", "history.transferProcessorMaxPollRPS=1000",
+            # queries that reach a workflow while its workflow task runs wait for the next one in
+            # a buffer of 1 by default; a busy batch with a trainer, an eval consumer and a
+            # progress view then refuses all but one ("consistent query buffer is full") and the
+            # client backs off for seconds (the long tail of a stream's delivery lag)
+            "--dynamic-config-value", f"history.MaxBufferedQueryCount={QUERY_BUFFER}"]
     if ui_port is None:
         args.append("--headless")
     else:

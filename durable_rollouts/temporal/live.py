@@ -55,7 +55,7 @@ from .stream_reader import Chunk, JobClosedError, StreamReader
 
 __all__ = ["JobClosedError", "LiveJob", "StreamBatch", "UpdateTimeoutError", "attach", "start_live"]
 
-POLL_S = 0.5  # how often a waiting stream asks the batch for new groups
+POLL_S = 0.5  # how often a stream asks for new groups where the batch cannot wake it
 # A stream reads up to this many groups per query when its batch size is smaller, and hands them
 # out a batch at a time: a consumer behind the batch then pays one query per 16 groups instead of
 # one per batch (each ack is still its own update). Bounded so a reply of groups of 16 long
@@ -224,7 +224,7 @@ class LiveJob(Job):
                 if chunk.done and not chunk.groups:
                     await reader.flush()
                     return
-                await asyncio.sleep(poll_s)
+                await reader.wait(start, min(batch_size, chunk.max_in_flight or batch_size), poll_s)
 
     async def _runs(self, group: FinishedGroup) -> list[Run]:
         loop = asyncio.get_running_loop()

@@ -1,7 +1,9 @@
 """One consumer's reading of a job's stream, while the batch runs and after it has closed.
 
 While the batch runs, the consumer registers with an update, reads with the ``stream_view``
-query, and acknowledges with an update. The batch keeps only the groups some registered consumer
+query, and acknowledges with an update. Having read everything, it waits for more with the
+``stream_wait`` update, which the batch completes once the groups are delivered (a long poll;
+workers of an earlier release lack it, and the reader then polls). The batch keeps only the groups some registered consumer
 has not acknowledged; a consumer behind the oldest kept group (``view.base``) reads the groups
 before it from the stream's pages in storage, in the same order, under the same cursor.
 
@@ -26,13 +28,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import ConfigError
-from ..workflows.stream import AckRequest, FinishedGroup, StreamView, check_batch
+from ..workflows.stream import AckRequest, FinishedGroup, StreamView, WaitRequest, check_batch
 from ..workflows.stream_paging import StreamManifest
 from .stream_pages import StreamStore
 
 __all__ = ["Chunk", "JobClosedError", "StreamReader"]
 
 MANIFEST_WAIT_S = 120.0  # how long a closing batch may take to write its manifest
+SPURIOUS_PAUSE_S = 0.1  # after a wait the batch ended early (its run continuing as new, say)
 
 
 @dataclass
@@ -65,6 +68,7 @@ class StreamReader:
         self.target = 0  # every group before it is acknowledged, recorded or not yet
         self._flight: asyncio.Task[None] | None = None  # the ack being recorded, and those after it
         self._failed: BaseException | None = None  # a pipelined ack that could not be recorded
+        self._wakes = True  # the batch takes ``stream_wait`` (workers of an earlier release do not)
 
     async def register(self) -> int:
         """Register the consumer (the batch keeps its groups for it); returns its cursor."""
@@ -118,6 +122,27 @@ class StreamReader:
             rest = await self.job.view(self.consumer, view.base, limit - len(paged))
             return self._chunk(start, paged + rest.groups, rest)
         return self._chunk(start, paged, view)
+
+    async def wait(self, start: int, want: int, poll_s: float) -> None:
+        """Return once the stream may hold ``want`` groups from ``start`` on: when the batch says
+        they are delivered (or it is done, or its run is leaving), or after ``poll_s`` where it
+        cannot say (closed; a worker of an earlier release)."""
+        if self.closed or not self._wakes:
+            await asyncio.sleep(poll_s)
+            return
+        try:
+            delivered = int(await self.job._update(
+                "stream_wait", WaitRequest(consumer=self.consumer, start=start, want=want)))
+        except JobClosedError:
+            await self._close()
+            return
+        except ConfigError as exc:
+            if "stream_wait" not in str(exc) or "not found" not in str(exc):
+                raise
+            self._wakes = False  # an earlier release's workflow: poll
+            return
+        if delivered < start + want:  # woken early: do not spin while a run hands over
+            await asyncio.sleep(SPURIOUS_PAUSE_S)
 
     def _chunk(self, start: int, groups: list[FinishedGroup], view: StreamView) -> Chunk:
         return Chunk(start, groups, done=view.done or self.closed, max_in_flight=view.max_in_flight,

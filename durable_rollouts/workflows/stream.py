@@ -33,6 +33,7 @@ __all__ = [
     "StreamRequest",
     "StreamState",
     "StreamView",
+    "WaitRequest",
     "check_batch",
     "check_consumer",
 ]
@@ -88,6 +89,14 @@ class StreamRequest(StrictModel):
     consumer: str
     start: int = Field(ge=0)  # where to read from (the consumer's cursor, or past it)
     limit: int = Field(default=1, ge=1, le=1000)
+
+
+class WaitRequest(StrictModel):
+    """Wake ``consumer`` once the stream has ``want`` groups from ``start`` on (``stream_wait``)."""
+
+    consumer: str
+    start: int = Field(ge=0)
+    want: int = Field(default=1, ge=1, le=1000)
 
 
 class StreamView(StrictModel):

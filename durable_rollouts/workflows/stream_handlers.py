@@ -5,7 +5,9 @@ a new group may start (``max_in_flight``), and lingering once every rollout is d
 
 Consumers read finished groups with the ``stream_view`` query (no history written), register
 and acknowledge with updates (``stream_register``, ``stream_ack``), and the trainer publishes its
-policy with ``set_policy``; ``stream_close`` lets a lingering batch finish. Those handlers are
+policy with ``set_policy``. A consumer that has read everything waits for more with
+``stream_wait``, an update that returns once the groups it wants are delivered (a long poll: no
+query every half second, no poll interval added to the delivery lag); ``stream_close`` lets a lingering batch finish. Those handlers are
 synchronous and add no command, so histories of batches without a stream replay unchanged.
 ``stream_add`` (further rows for the running job, ``LiveJob.add``) runs one activity: it chains
 the added rows after the batch's own in storage. Validators reject bad input before anything is
@@ -30,6 +32,7 @@ with workflow.unsafe.imports_passed_through():
         StreamRequest,
         StreamState,
         StreamView,
+        WaitRequest,
         check_consumer,
     )
     from durable_rollouts.workflows.stream_paging import (
@@ -71,6 +74,8 @@ class StreamHandlers:
     _grew = False  # rows were added in this run (it continues as new, so its input names them)
     _additions = 0  # adds taken in this run (wakes a run waiting on its rollouts)
     _may_open_group: Callable[[], bool]  # whether a new group may start (``stream_parts``)
+    _leaving = False  # the run is about to continue as new or close: waiting consumers return
+    _waits: dict[str, int]  # each consumer's latest stream_wait (an older one returns)
 
     # -- slots: what to start next (the batch's own, or a re-sampled group's) -------------------
 
@@ -155,6 +160,7 @@ class StreamHandlers:
     async def _seal(self, inp: TasksetRunInput) -> None:
         """The batch is closing: refuse further acks (they go to storage), write the kept groups
         as the last pages and the manifest with every consumer's cursor."""
+        self._leaving = True  # waiting consumers return (and read what is left)
         stream = self._stream
         if not self._paging or stream is None or stream.options.page_size is None:
             return
@@ -225,8 +231,33 @@ class StreamHandlers:
     def stream_view(self, req: StreamRequest) -> StreamView:
         """Groups ``req.consumer`` has not acknowledged, from ``req.start`` (at most ``req.limit``)."""
         stream = self._need_stream()
-        done = self._rollouts_done and not stream.pending and not stream.slots
-        return stream.view(req, done, self._policy)
+        return stream.view(req, self._stream_done(), self._policy)
+
+    def _stream_done(self) -> bool:
+        """No more groups will be delivered."""
+        stream = self._need_stream()
+        return self._rollouts_done and not stream.pending and not stream.slots
+
+    @workflow.update(name="stream_wait")
+    async def stream_wait(self, req: WaitRequest) -> int:
+        """Return once ``req.want`` groups from ``req.start`` on are delivered, the stream is done,
+        the run is leaving (continue-as-new, close), or the consumer waits again (its newer wait
+        replaces this one: a consumer holds one wait at most). Returns the groups delivered.
+        Adds no command: histories without it replay unchanged."""
+        stream = self._need_stream()
+        self._stream_updates += 1
+        self._touched = True
+        waits = self._waits
+        token = waits[req.consumer] = waits.get(req.consumer, 0) + 1
+        await workflow.wait_condition(
+            lambda: (stream.total() >= req.start + req.want or self._stream_done() or self._leaving
+                     or stream.sealed or waits.get(req.consumer) != token))
+        return stream.total()
+
+    @stream_wait.validator
+    def _check_wait(self, req: WaitRequest) -> None:
+        self._need_stream().check_open()
+        check_consumer(req.consumer)
 
     @workflow.update(name="stream_register")
     def stream_register(self, consumer: str) -> int:

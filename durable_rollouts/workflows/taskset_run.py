@@ -83,6 +83,7 @@ class TasksetRun(StreamHandlers, StreamParts, FanOut, RolloutChildren, BatchStop
         self._inp = inp  # the run's input; an add (``stream_add``) grows its rows in place
         self._flying: dict[str, CarriedRollout] = {}
         self._starting: set[str] = set()
+        self._waits: dict[str, int] = {}  # each consumer's latest stream_wait
         self._awaited: dict[str, asyncio.Future[AwaitedRollout]] = {}
         self._init_parts(inp)  # a streamed batch run as parts: those a previous run left running
         # Set here, not in run: an update in the first workflow task (a consumer registering
@@ -218,6 +219,7 @@ class TasksetRun(StreamHandlers, StreamParts, FanOut, RolloutChildren, BatchStop
                                pending: list[asyncio.Task[RolloutResult]]) -> None:
         """Flush the results to claim checks (when many) and continue as new from ``index``,
         carrying the rollouts still running (``pending``: only under ``PATCH_OUTLIVE``)."""
+        self._leaving = True  # consumers waiting on this run return (they wait on the next)
         await self._page_out(inp)  # carry only the groups not every consumer acknowledged
         if len(results) > inp.flush_results_over:  # claim checks of <=FLUSH_CHUNK results each
             refs = [*refs, *await self._flush_all(inp, results, len(refs))]
