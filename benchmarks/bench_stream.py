@@ -28,7 +28,8 @@ neither grows with the job's length.
 ``--pipelined``: the consumers ack with ``batch.ack(wait=False)`` (one ack in flight, the acks sent
 meanwhile recorded together when it lands). Each consumer also reports its batch lag: a batch's
 last group ended -> the consumer has the batch (the delivery lag without the wait for a batch of
-B groups to fill).
+B groups to fill). ``stream_histories.py --home HOME`` (HOME printed at the end) reads where
+the lag went from the batch's histories.
 """
 
 from __future__ import annotations
@@ -369,5 +370,7 @@ if __name__ == "__main__":
     args = parser.parse_args()
     if args.page_size < 1:
         parser.error("--page-size: use a whole number of groups >= 1")
-    with private_home():
+    with private_home() as home:
         asyncio.run(main(args))
+        print(f"server home {home} (benchmarks/stream_histories.py --home {home} reads the batch's "
+              "histories)", flush=True)

@@ -20,9 +20,11 @@ os.environ["ROLLOUTS_HOME"] = tempfile.mkdtemp(prefix="rollouts-test-")
 # matrix, Docker and the CLI end to end. The workflow's shape (tests/workflows, test_card_steps,
 # the golden replays), the protocol, env server, sdk and stream tests stay in it. CI runs all.
 SLOW = (
-    "agents/", "chaos/", "storage/", "golden/test_upgrade_live.py", "golden/test_nondeterminism.py",
+    "agents/", "chaos/", "storage/", "golden/test_upgrade_live.py", "golden/test_upgrade_stream.py",
+    "golden/test_nondeterminism.py",
     "temporal/test_survival.py", "temporal/test_busy_queue.py", "temporal/test_eviction.py", "temporal/test_gc_sweep.py",
     "temporal/test_admission.py", "temporal/test_fan_out.py", "temporal/test_stream_parts.py",
+    "training/test_stream_burst.py",
     "temporal/test_durable_path.py", "temporal/test_plugin.py", "temporal/test_embedded_server.py",
     "temporal/test_worker_lifetime.py", "temporal/test_epochs.py", "temporal/test_slow_env_import.py",
     "providers/test_docker", "providers/test_daytona.py",

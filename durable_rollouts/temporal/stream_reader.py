@@ -3,9 +3,10 @@
 While the batch runs, the consumer registers with an update, reads with the ``stream_view``
 query, and acknowledges with an update. Having read everything, it waits for more with the
 ``stream_wait`` update, which the batch completes once the groups are delivered (a long poll;
-workers of an earlier release lack it, and the reader then polls). The batch keeps only the groups some registered consumer
-has not acknowledged; a consumer behind the oldest kept group (``view.base``) reads the groups
-before it from the stream's pages in storage, in the same order, under the same cursor.
+workers of an earlier release lack it, and the reader then polls). The batch keeps only the
+groups some registered consumer has not acknowledged; a consumer behind the oldest kept group
+(``view.base``) reads the groups before it from the stream's pages in storage, in the same
+order, under the same cursor.
 
 Once the batch has closed (or is closing: it refuses acks with ``SEALED``), the stream is all in
 storage: the manifest says how many groups there are and where every consumer stood, and an ack

@@ -64,6 +64,7 @@ ROW_WINDOW = 250  # rows loaded per activity when the rows travel by claim check
 # deadlock limit, also on a loaded box); then the run yields to a 1 ms timer.
 STARTS_PER_TASK = 100
 PATCH_EVENT_ORDER = "rollouts-in-event-order"  # rollouts counted in the order they ended
+PATCH_DELIVER_WHILE_STARTING = "stream-deliver-while-starting"  # ``_tally_ended``
 # A streamed run continues-as-new before it accepts this many updates (Temporal allows 2,000).
 MAX_UPDATES_PER_RUN = 1000
 
@@ -147,6 +148,7 @@ class TasksetRun(StreamHandlers, StreamParts, FanOut, RolloutChildren, BatchStop
                     if starts >= STARTS_PER_TASK and workflow.patched("paced-child-starts"):
                         await workflow.sleep(0.001)
                         starts = 0
+                        pending = self._tally_ended(inp, pending, results)
                     slot = self._next_slot(inp, index, total)
                     if slot is None or not self._may_start(inp, slot):
                         break  # nothing left to start, or the consumers are behind
@@ -297,6 +299,17 @@ class TasksetRun(StreamHandlers, StreamParts, FanOut, RolloutChildren, BatchStop
             if cond is not None and not cond.done():
                 cond.cancel()
         self._tally(inp, [f for f in done if f is not ack and f is not stop and f is not grown], results)
+
+    def _tally_ended(self, inp: TasksetRunInput, pending: list[asyncio.Task[RolloutResult]],
+                     results: list[RolloutResult]) -> list[asyncio.Task[RolloutResult]]:
+        """Between two paced bursts of child starts (hundreds, after a continue-as-new: seconds),
+        a streamed batch counts the rollouts that ended meanwhile, so their groups reach the
+        consumers now, not after the burst. Returns the rollouts still running."""
+        if self._stream is None or not any(f.done() for f in pending) \
+                or not workflow.patched(PATCH_DELIVER_WHILE_STARTING):
+            return pending
+        self._tally(inp, [f for f in pending if f.done()], results)
+        return [f for f in pending if not f.done()]
 
     def _tally(self, inp: TasksetRunInput, done: list[asyncio.Task[RolloutResult]],
                results: list[RolloutResult]) -> None:

@@ -47,3 +47,24 @@ def test_worker_service_builds_from_the_repository_and_can_be_scaled():
     assert worker["environment"]["ROLLOUTS_TEMPORAL_ADDRESS"] == "temporal:7233"
     dockerfile = (REPO / "Dockerfile").read_text()
     assert "FROM ${BASE_IMAGE}" in dockerfile and "durable_rollouts.worker" in dockerfile
+
+
+def test_the_stacks_temporal_gets_the_history_keys_the_embedded_server_sets():
+    """The compose Temporal loads ``docker/dynamicconfig/rollouts.yaml``, which sets every
+    ``history.*`` key the embedded dev server sets, to the same value (the stream's query buffer,
+    the transfer reader's rate)."""
+    yaml = pytest.importorskip("yaml", reason="PyYAML is needed to inspect the resolved file")
+    from durable_rollouts.temporal.connection import dev_server_args
+
+    temporal = yaml.safe_load(_compose("config"))["services"]["temporal"]
+    path = temporal["environment"]["DYNAMIC_CONFIG_FILE_PATH"]
+    mounts = [v if isinstance(v, str) else f"{v['source']}:{v['target']}:ro" * bool(v.get("read_only"))
+              for v in temporal["volumes"]]  # short or long syntax, by docker-compose version
+    assert path == "config/dynamicconfig/rollouts.yaml"
+    assert f"{REPO / 'docker' / 'dynamicconfig'}:/etc/temporal/config/dynamicconfig:ro" in mounts, mounts
+    loaded = yaml.safe_load((REPO / "docker" / "dynamicconfig" / "rollouts.yaml").read_text())
+    args = dev_server_args(7233, None, None)
+    embedded = dict(args[i + 1].split("=", 1) for i, a in enumerate(args) if a == "--dynamic-config-value")
+    history = {k: v for k, v in embedded.items() if k.startswith("history.")}
+    assert set(history) == {"history.transferProcessorMaxPollRPS", "history.MaxBufferedQueryCount"}
+    assert {k: str(loaded[k][0]["value"]) for k in history} == history
