@@ -5,10 +5,10 @@ a new group may start (``max_in_flight``), and lingering once every rollout is d
 
 Consumers read finished groups with the ``stream_view`` query (no history written), register
 and acknowledge with updates (``stream_register``, ``stream_ack``), and the trainer publishes its
-policy with ``set_policy``. A consumer that has read everything waits for more with
-``stream_wait``, an update that returns once the groups it wants are delivered (a long poll: no
-query every half second, no poll interval added to the delivery lag); ``stream_close`` lets a lingering batch finish. Those handlers are
-synchronous and add no command, so histories of batches without a stream replay unchanged.
+policy with ``set_policy``; ``stream_close`` lets a lingering batch finish. A consumer that has
+read everything waits for more with ``stream_wait``, an update that returns once the groups it
+wants are delivered (a long poll: no query every half second, no poll interval in the delivery
+lag). Those handlers add no command, so histories of batches without a stream replay unchanged.
 ``stream_add`` (further rows for the running job, ``LiveJob.add``) runs one activity: it chains
 the added rows after the batch's own in storage. Validators reject bad input before anything is
 recorded (a bad ack never harms the job).

@@ -64,8 +64,7 @@ ROW_WINDOW = 250  # rows loaded per activity when the rows travel by claim check
 # deadlock limit, also on a loaded box); then the run yields to a 1 ms timer.
 STARTS_PER_TASK = 100
 PATCH_EVENT_ORDER = "rollouts-in-event-order"  # rollouts counted in the order they ended
-PATCH_DELIVER_WHILE_STARTING = "stream-deliver-while-starting"  # ``_pace``, ``_tally_ended``
-STREAM_STARTS_PER_TASK = 25  # a streamed batch's bursts (``_pace``)
+PATCH_DELIVER_WHILE_STARTING = "stream-deliver-while-starting"  # ``_tally_ended``
 # A streamed run continues-as-new before it accepts this many updates (Temporal allows 2,000).
 MAX_UPDATES_PER_RUN = 1000
 
@@ -146,7 +145,7 @@ class TasksetRun(StreamHandlers, StreamParts, FanOut, RolloutChildren, BatchStop
                     break
                 starts = 0  # child starts in this workflow task: a bounded number (then yield)
                 while len(pending) < width and not self._too_long(inp):
-                    if self._pace(starts):
+                    if starts >= STARTS_PER_TASK and workflow.patched("paced-child-starts"):
                         await workflow.sleep(0.001)
                         starts = 0
                         pending = self._tally_ended(inp, pending, results)
@@ -301,21 +300,12 @@ class TasksetRun(StreamHandlers, StreamParts, FanOut, RolloutChildren, BatchStop
                 cond.cancel()
         self._tally(inp, [f for f in done if f is not ack and f is not stop and f is not grown], results)
 
-    def _pace(self, starts: int) -> bool:
-        """Whether the run yields (a 1 ms timer) after ``starts`` child starts in this workflow
-        task: after STARTS_PER_TASK; a streamed batch after STREAM_STARTS_PER_TASK, since its
-        consumers' reads and waits are answered only between workflow tasks."""
-        if self._stream is not None and starts >= STREAM_STARTS_PER_TASK \
-                and workflow.patched(PATCH_DELIVER_WHILE_STARTING):
-            return True
-        return starts >= STARTS_PER_TASK and workflow.patched("paced-child-starts")
-
     def _tally_ended(self, inp: TasksetRunInput, pending: list[asyncio.Task[RolloutResult]],
                      results: list[RolloutResult]) -> list[asyncio.Task[RolloutResult]]:
-        """Between two paced bursts of child starts (hundreds after a continue-as-new, each
-        burst's workflow task up to a second), a streamed batch counts the rollouts that ended
-        meanwhile, so their groups reach the consumers now, not after the last start. Returns
-        the rollouts still running."""
+        """Between two paced bursts of child starts (hundreds after a continue-as-new; each pause
+        is a 1 ms timer, which the dev server fires about a second later), a streamed batch counts
+        the rollouts that ended meanwhile, so their groups reach the consumers then, not after
+        the last start. Returns the rollouts still running."""
         if self._stream is None or not any(f.done() for f in pending) \
                 or not workflow.patched(PATCH_DELIVER_WHILE_STARTING):
             return pending

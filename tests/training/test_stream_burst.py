@@ -1,5 +1,5 @@
 """A streamed batch starting hundreds of rollouts at once (its first run, or a run after
-continue-as-new, paced ``STREAM_STARTS_PER_TASK`` per workflow task) delivers the groups that end
+continue-as-new, paced ``STARTS_PER_TASK`` per workflow task) delivers the groups that end
 meanwhile, not only after its last start. Real dev server, real envs; slow lane (600 rollouts)."""
 
 from __future__ import annotations
@@ -25,9 +25,9 @@ def _rows(evidence: Path, n: int) -> Taskset:
 
 async def test_groups_that_end_during_a_burst_of_starts_are_delivered_before_it_ends(
         client, task_queue, tmp_path: Path) -> None:
-    """6 x STARTS_PER_TASK rollouts start at once, paced STREAM_STARTS_PER_TASK per workflow
-    task. The first ones end while the later ones are still being started: the batch counts them
-    at each pause (the patch marker is in its history) and their groups are delivered then. Every group
+    """6 x STARTS_PER_TASK rollouts start at once, paced STARTS_PER_TASK per workflow task. The
+    first ones end while the later ones are still being started: the batch counts them at each
+    pause (the patch marker is in its history) and their groups are delivered then. Every group
     comes once, every rollout is graded once, and the batch's history replays."""
     group, rows = 4, 6 * STARTS_PER_TASK // 4
     job = await _rows(tmp_path, rows).start(CountingAgent(answer="x"), runtime=LocalRuntime(ENV_FILE),
