@@ -20,6 +20,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from stream_views import count_views
 from temporal_helpers import ENV_FILE, CountingAgent, async_wait_for, read_lines
 from temporalio.worker import (
     HandleUpdateInput,
@@ -34,7 +35,7 @@ from durable_rollouts.models import Task
 from durable_rollouts.runtimes import LocalRuntime
 from durable_rollouts.sdk.job import Job
 from durable_rollouts.sdk.taskset import Taskset
-from durable_rollouts.temporal.live import READ_AHEAD_GROUPS, LiveJob, carve
+from durable_rollouts.temporal.live import READ_AHEAD_GROUPS, carve
 from durable_rollouts.temporal.stream_reader import Chunk
 from durable_rollouts.worker import build_worker
 from durable_rollouts.workflows import workflow_id
@@ -316,20 +317,12 @@ async def test_a_consumer_behind_the_batch_reads_ahead_one_query_per_many_batche
         if await delivered() == rows:
             break
         await asyncio.sleep(0.1)
-    views = 0
-    real_view = LiveJob.view
-
-    async def counted(self, consumer: str, start: int, limit: int):  # type: ignore[no-untyped-def]
-        nonlocal views
-        views += 1
-        return await real_view(self, consumer, start, limit)
-
-    monkeypatch.setattr(LiveJob, "view", counted)
+    views = count_views(monkeypatch)
     batches = [b async for b in _acked(job.stream(consumer="trainer", batch_size=1))]
     assert [b.id for b in batches] == [f"trainer:{i}-{i + 1}" for i in range(rows)]
     assert len({r.group_id for b in batches for r in b.records}) == rows
     # one query per READ_AHEAD_GROUPS groups (and one that finds the end), not one per batch
-    assert views <= -(-rows // READ_AHEAD_GROUPS) + 1, views
+    assert views() <= -(-rows // READ_AHEAD_GROUPS) + 1, views()
     done = await asyncio.wait_for(job.wait(), 60)
     assert len(done.runs) == rows and len(read_lines(tmp_path / "grades.log")) == rows
 

@@ -7,12 +7,12 @@ import asyncio
 from pathlib import Path
 
 import pytest
+from stream_views import count_views
 from temporal_helpers import ENV_FILE, CountingAgent
 
 from durable_rollouts.models import Task
 from durable_rollouts.runtimes import LocalRuntime
 from durable_rollouts.sdk.taskset import Taskset
-from durable_rollouts.temporal.live import LiveJob
 from durable_rollouts.workflows import workflow_id
 
 
@@ -33,15 +33,7 @@ async def test_a_caught_up_consumer_is_woken_by_the_batch_not_by_polling(
     job = await _rows(tmp_path, rows).start(
         CountingAgent(answer="x", slow_tags=slow, slow_seconds=1.5), runtime=LocalRuntime(ENV_FILE),
         temporal=client, worker=True, task_queue=task_queue, consumers=["trainer"], max_concurrent=1)
-    views = 0
-    real_view = LiveJob.view
-
-    async def counted(self, consumer: str, start: int, limit: int):  # type: ignore[no-untyped-def]
-        nonlocal views
-        views += 1
-        return await real_view(self, consumer, start, limit)
-
-    monkeypatch.setattr(LiveJob, "view", counted)
+    views = count_views(monkeypatch)
     seen: list[str] = []
     async def read() -> None:
         async for batch in job.stream(consumer="trainer", batch_size=2, poll_s=60):
@@ -49,7 +41,7 @@ async def test_a_caught_up_consumer_is_woken_by_the_batch_not_by_polling(
             await batch.ack()
     await asyncio.wait_for(read(), 45)  # a poll every 60 s could not have read 3 batches by now
     assert len(seen) == len(set(seen)) == rows
-    assert views <= 2 * rows + 2, views
+    assert views() <= 2 * rows + 2, views()
     handle = client.get_workflow_handle(workflow_id(job.id))
     waits = [e async for e in handle.fetch_history_events()
              if e.HasField("workflow_execution_update_accepted_event_attributes")
