@@ -306,11 +306,11 @@ class TasksetRun(StreamHandlers, StreamParts, FanOut, RolloutChildren, BatchStop
         is a 1 ms timer, which the dev server fires about a second later), a streamed batch counts
         the rollouts that ended meanwhile, so their groups reach the consumers then, not after
         the last start. Returns the rollouts still running."""
-        if self._stream is None or not any(f.done() for f in pending) \
-                or not workflow.patched(PATCH_DELIVER_WHILE_STARTING):
+        ended = [f for f in pending if f.done()]
+        if self._stream is None or not ended or not workflow.patched(PATCH_DELIVER_WHILE_STARTING):
             return pending
-        self._tally(inp, [f for f in pending if f.done()], results)
-        return [f for f in pending if not f.done()]
+        self._tally(inp, ended, results)
+        return [f for f in pending if f not in ended]
 
     def _tally(self, inp: TasksetRunInput, done: list[asyncio.Task[RolloutResult]],
                results: list[RolloutResult]) -> None:
