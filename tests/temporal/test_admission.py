@@ -192,6 +192,7 @@ async def test_a_cancelled_batch_leaves_no_ticket_held_or_waiting(
     await handle.release()
 
 
+@pytest.mark.timeout(200)
 async def test_a_terminated_holder_gives_its_ticket_back_through_the_sweep(
         client, task_queue, evidence: Path, env_url: str, monkeypatch) -> None:
     """A Rollout terminated while it holds the only ticket cannot give it back; the admission
