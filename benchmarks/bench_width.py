@@ -22,9 +22,14 @@ The plain baseline is the ideal: W seconds of wall and no CPU while the agents w
 ``--stream`` runs each width as a streamed batch (``Taskset.start``'s path; wider than one
 workflow, its parts feed the one stream) with a consumer in this process acking 16 groups at a
 time; the wall then ends with the last acknowledgement, and ``delivered`` counts its groups.
+``--plain`` follows each width with plain temporalio doing the same work on the same server
+(``_plain.py``: ``--plain-parents`` K parents, each starting its N/K children at once, each child
+in the Rollout's six-step shape with its search attributes, the middle step a W-second sleep with
+no heartbeat): the engine's own floor for that width on this box, printed as a ``plain`` row with
+the durable path's wall against it.
 
     python benchmarks/bench_width.py [--n 500,2000,5000] [--wait 60] [--window 20] [--settle 10] [--batch 500]
-        [--tuner fixed|resource] [--stream]
+        [--tuner fixed|resource] [--stream] [--plain [--plain-parents K]]
 """
 
 from __future__ import annotations
@@ -50,16 +55,24 @@ def _cpu(proc: psutil.Process) -> float:
     return times.user + times.system
 
 
-async def _plateau(n: int, deadline: float) -> int:
-    """Wait until all ``n`` agents wait (or no more start for 5 s, or ``deadline``)."""
+def _box_busy(since: psutil._common.scputimes, seconds: float) -> float:  # type: ignore[name-defined]
+    """The share of the box's cores busy since ``since`` (``psutil.cpu_times()``), 0..1."""
+    now = psutil.cpu_times()
+    idle = (now.idle + getattr(now, "iowait", 0.0)) - (since.idle + getattr(since, "iowait", 0.0))
+    return max(0.0, 1.0 - idle / (seconds * (psutil.cpu_count() or 1)))
+
+
+async def _plateau(n: int, deadline: float, counts: type = WaitAgent) -> int:
+    """Wait until all ``n`` agents wait (or no more start for 5 s, or ``deadline``); ``counts``
+    holds the ``waiting`` and ``started`` counters (``WaitAgent``, or ``_plain.Sleeping``)."""
     last, still = -1, time.monotonic()
-    while time.monotonic() < deadline and WaitAgent.waiting < n:
-        if WaitAgent.started != last:
-            last, still = WaitAgent.started, time.monotonic()
+    while time.monotonic() < deadline and counts.waiting < n:
+        if counts.started != last:
+            last, still = counts.started, time.monotonic()
         elif time.monotonic() - still > 5.0:
             break
         await asyncio.sleep(0.2)
-    return WaitAgent.waiting
+    return counts.waiting
 
 
 def _resource_worker(client, n: int):  # type: ignore[no-untyped-def]
@@ -112,7 +125,7 @@ async def one(n: int, wait: float, window: float, server: psutil.Process, tuner:
         await (await _ensure_worker(client, settings().task_queue, n)).release()
     sizes = [n // batches + (1 if i < n % batches else 0) for i in range(batches)]
     rows = letter_tasks(n)
-    t0 = time.perf_counter()
+    t0, box0 = time.perf_counter(), psutil.cpu_times()
     handles, offset, delivered, consumers = [], 0, [0], []
     for i, size in enumerate(sizes):
         taskset = Taskset(f"width-{n}-{i}", rows[offset:offset + size])
@@ -126,6 +139,7 @@ async def one(n: int, wait: float, window: float, server: psutil.Process, tuner:
     started_all = time.perf_counter() - t0
     reached = await _plateau(n, time.monotonic() + wait * 0.8)
     ramp = time.perf_counter() - t0
+    ramp_busy = _box_busy(box0, ramp)
     rss = me.memory_info().rss
     await asyncio.sleep(max(0.0, min(settle, WaitAgent.first + wait - time.monotonic() - 5.0)))
     # sample only while every agent that started still waits: end before the first one is done
@@ -143,7 +157,8 @@ async def one(n: int, wait: float, window: float, server: psutil.Process, tuner:
     per_idle = 1000.0 / max(1, in_flight) / idle_window
     return {
         "n": n, "wait": wait, "wall": wall, "ratio": wall / wait, "batches": batches,
-        "start_s": started_all, "ramp_s": ramp, "reached": reached, "in_flight": in_flight,
+        "start_s": started_all, "ramp_s": ramp, "ramp_busy": ramp_busy, "reached": reached,
+        "in_flight": in_flight,
         "rss_kib": (rss - rss0) / 1024 / max(1, reached),
         "worker_ms": (_cpu(me) - cpu0) * 1000 / n, "server_ms": (_cpu(server) - server0) * 1000 / n,
         "idle_window": idle_window,
@@ -154,8 +169,36 @@ async def one(n: int, wait: float, window: float, server: psutil.Process, tuner:
     }
 
 
+async def one_plain(n: int, wait: float, server: psutil.Process, parents: int) -> dict[str, float]:
+    """Plain temporalio doing the same work at width ``n`` (``--plain``), on the same server, as
+    ``parents`` parent workflows of about n/parents children each."""
+    from _plain import Sleeping, plain_client, plain_worker, run_plain
+
+    from durable_rollouts.temporal.batches import _client
+
+    client = await plain_client((await _client(None))[0])
+    me = psutil.Process()
+    async with plain_worker(client, slots=n):
+        await run_plain(client, f"width-warm-{n}-{time.monotonic_ns()}", 2, 2, 0.0)
+        Sleeping.started = 0
+        cpu0, server0 = _cpu(me), _cpu(server)
+        t0, box0 = time.perf_counter(), psutil.cpu_times()
+        sizes = [n // parents + (1 if i < n % parents else 0) for i in range(parents)]
+        answered = asyncio.gather(*(run_plain(client, f"width-{n}-{i}-{time.monotonic_ns()}", size, size, wait,
+                                              steps=6, attrs=True, heartbeat=False)
+                                    for i, size in enumerate(sizes)))
+        reached = await _plateau(n, time.monotonic() + wait * 0.8, Sleeping)
+        ramp = time.perf_counter() - t0
+        ramp_busy = _box_busy(box0, ramp)
+        ok = sum(await answered)
+        wall = time.perf_counter() - t0
+    return {"wall": wall, "ratio": wall / wait, "ramp_s": ramp, "ramp_busy": ramp_busy,
+            "reached": reached, "ok": ok,
+            "worker_ms": (_cpu(me) - cpu0) * 1000 / n, "server_ms": (_cpu(server) - server0) * 1000 / n}
+
+
 async def main(ns: list[int], wait: float, window: float, tuner: str, settle: float, batch: int,
-               stream: bool = False) -> None:
+               stream: bool = False, plain: int = 0) -> None:
     from durable_rollouts import LocalRuntime, Taskset
     from durable_rollouts.temporal.batches import shutdown_embedded, start_job
 
@@ -175,18 +218,26 @@ async def main(ns: list[int], wait: float, window: float, tuner: str, settle: fl
               f"{r['idle_worker'] + r['idle_server']:>10.3f} {r['net_idle']:>11.3f} "
               f"{r['reprovisioned']:>6} {r['not_ok']:>6}",
               flush=True)
-        print(f"       ({r['batches']} batch(es); all started in {r['start_s']:.1f} s; idle sampled "
+        print(f"       ({r['batches']} batch(es); all started in {r['start_s']:.1f} s; box CPU "
+              f"{r['ramp_busy']:.0%} busy over the ramp; idle sampled "
               f"over {r['idle_window']:.0f} s with {r['in_flight']:.0f} agents waiting"
               + (f"; {r['delivered']} groups streamed" if stream else "") + ")", flush=True)
+        if plain:
+            p = await one_plain(n, wait, server, plain)
+            print(f" plain {wait:>5.0f} {p['wall']:>7.1f} {p['ratio']:>5.2f} {p['ramp_s']:>7.1f} "
+                  f"{p['reached']:>8.0f} {'':>15} {p['worker_ms']:>17.1f} {p['server_ms']:>17.1f}", flush=True)
+            print(f"       (plain temporalio, same work, {plain} parent(s): {p['ok']:.0f} of {n} "
+                  f"answered; box CPU {p['ramp_busy']:.0%} busy over the ramp; the durable path's "
+                  f"wall is {r['wall'] / p['wall']:.2f} x plain's)", flush=True)
     await shutdown_embedded()
 
 
 async def session_main(ns: list[int], wait: float, window: float, tuner: str, settle: float,
-                       batch: int, stream: bool) -> None:
+                       batch: int, stream: bool, plain: int) -> None:
     from durable_rollouts import session
 
     async with session():  # widths above one batch's start batches on one worker
-        await main(ns, wait, window, tuner, settle, batch, stream)
+        await main(ns, wait, window, tuner, settle, batch, stream, plain)
 
 
 if __name__ == "__main__":
@@ -206,6 +257,11 @@ if __name__ == "__main__":
                              "resource: a worker with temporalio's resource-based tuner")
     parser.add_argument("--stream", action="store_true",
                         help="each width as a streamed batch, consumed and acked in this process")
+    parser.add_argument("--plain", action="store_true",
+                        help="after each width, plain temporalio doing the same work (the floor)")
+    parser.add_argument("--plain-parents", type=int, default=1,
+                        help="--plain: parent workflows the width is split over (the durable path "
+                             "splits past ROLLOUTS_CHILDREN_PER_WORKFLOW)")
     args = parser.parse_args()
     from durable_rollouts.settings import settings
 
@@ -214,4 +270,5 @@ if __name__ == "__main__":
           f"agent heartbeat timeout={config.agent_heartbeat_s:g} s", flush=True)
     with private_home():
         asyncio.run(session_main([int(x) for x in args.n.split(",")], args.wait, args.window, args.tuner,
-                                 args.settle, args.batch, args.stream))
+                                 args.settle, args.batch, args.stream,
+                                 args.plain_parents if args.plain else 0))
