@@ -61,9 +61,8 @@ ROW_WINDOW = 250  # rows loaded per activity when the rows travel by claim check
 
 
 # At most this many children start in one workflow task (a task must finish within the 2 s
-# deadlock limit, also on a loaded box); then the run waits until the server has started them.
+# deadlock limit, also on a loaded box); then the run yields to a 1 ms timer.
 STARTS_PER_TASK = 100
-PATCH_PACE_BY_STARTS = "paced-by-start-events"  # ``_between_bursts``
 PATCH_EVENT_ORDER = "rollouts-in-event-order"  # rollouts counted in the order they ended
 PATCH_DELIVER_WHILE_STARTING = "stream-deliver-while-starting"  # ``_tally_ended``
 # A streamed run continues-as-new before it accepts this many updates (Temporal allows 2,000).
@@ -147,7 +146,7 @@ class TasksetRun(StreamHandlers, StreamParts, FanOut, RolloutChildren, BatchStop
                 starts = 0  # child starts in this workflow task: a bounded number (then yield)
                 while len(pending) < width and not self._too_long(inp):
                     if starts >= STARTS_PER_TASK and workflow.patched("paced-child-starts"):
-                        await self._between_bursts()
+                        await workflow.sleep(0.001)
                         starts = 0
                         pending = self._tally_ended(inp, pending, results)
                     slot = self._next_slot(inp, index, total)
@@ -301,22 +300,12 @@ class TasksetRun(StreamHandlers, StreamParts, FanOut, RolloutChildren, BatchStop
                 cond.cancel()
         self._tally(inp, [f for f in done if f is not ack and f is not stop and f is not grown], results)
 
-    async def _between_bursts(self) -> None:
-        """End the workflow task after a burst of child starts, until the server has started the
-        burst's children (their start events wake the run). Earlier histories paused on a 1 ms
-        timer instead, which the dev server fires about a second late."""
-        if workflow.patched(PATCH_PACE_BY_STARTS):
-            # Each child of the burst put its id in ``_starting`` before its first await, so this
-            # cannot hold before the next workflow task.
-            await workflow.wait_condition(lambda: not self._starting)
-        else:
-            await workflow.sleep(0.001)
-
     def _tally_ended(self, inp: TasksetRunInput, pending: list[asyncio.Task[RolloutResult]],
                      results: list[RolloutResult]) -> list[asyncio.Task[RolloutResult]]:
-        """Between two paced bursts of child starts (hundreds after a continue-as-new), a streamed
-        batch counts the rollouts that ended meanwhile, so their groups reach the consumers then,
-        not after the last start. Returns the rollouts still running."""
+        """Between two paced bursts of child starts (hundreds after a continue-as-new; each pause
+        is a 1 ms timer, which the dev server fires about a second later), a streamed batch counts
+        the rollouts that ended meanwhile, so their groups reach the consumers then, not after
+        the last start. Returns the rollouts still running."""
         ended = [f for f in pending if f.done()]
         if self._stream is None or not ended or not workflow.patched(PATCH_DELIVER_WHILE_STARTING):
             return pending

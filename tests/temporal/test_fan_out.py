@@ -308,9 +308,8 @@ async def test_without_parts_the_lowered_limit_holds_a_batch_at_it(
 
 async def test_a_wide_batch_starts_its_children_a_bounded_number_per_workflow_task(
         client, task_queue) -> None:
-    """150 rollouts at once (one workflow): the batch starts 100 children, ends its workflow task
-    until the server has started all 100 (no timer), then starts the rest; every rollout still
-    runs once."""
+    """150 rollouts at once (one workflow): the batch starts 100 children, yields to a 1 ms
+    timer, then starts the rest; every rollout still runs once."""
     taskset = Taskset("paced", [Task(env="counting", id="echo", source=ENV_FILE,
                                      args={"expected": "x", "tag": f"row{i}"}) for i in range(150)])
     job = await taskset.run(CountingAgent(answer="x"), runtime=LocalRuntime(ENV_FILE),
@@ -325,12 +324,8 @@ async def test_a_wide_batch_starts_its_children_a_bounded_number_per_workflow_ta
         elif kind == "workflow_task_completed_event_attributes":
             per_task, starts = [*per_task, starts], 0
     assert max(per_task) == 100 and sum(per_task) + starts == 150, per_task
-    assert "timer_started_event_attributes" not in kinds
-    initiated = [i for i, k in enumerate(kinds) if k == "start_child_workflow_execution_initiated_event_attributes"]
-    started_before_second_burst = kinds[:initiated[100]].count("child_workflow_execution_started_event_attributes")
-    assert started_before_second_burst == 100, started_before_second_burst
-    raw = b"".join(e.SerializeToString() for e in history.events)
-    assert b"paced-child-starts" in raw and b"paced-by-start-events" in raw
+    assert "timer_started_event_attributes" in kinds
+    assert b"paced-child-starts" in b"".join(e.SerializeToString() for e in history.events)
 
 
 async def test_on_error_fail_in_one_part_stops_every_part(limited_server, per_workflow, tmp_path) -> None:
