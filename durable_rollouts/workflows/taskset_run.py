@@ -67,6 +67,9 @@ PATCH_EVENT_ORDER = "rollouts-in-event-order"  # rollouts counted in the order t
 PATCH_DELIVER_WHILE_STARTING = "stream-deliver-while-starting"  # ``_tally_ended``
 # A streamed run continues-as-new before it accepts this many updates (Temporal allows 2,000).
 MAX_UPDATES_PER_RUN = 1000
+PATCH_FINISH_IN_RUN = "finish-in-run"  # ``_worth_continuing``
+EVENTS_PER_END = 4  # history events a running rollout's end adds, with margin (measured about 2)
+FINISH_UNDER = 10_000  # events: a run with nothing left to start may finish if it stays under this
 
 
 @workflow.defn(name="TasksetRun")
@@ -84,6 +87,7 @@ class TasksetRun(StreamHandlers, StreamParts, FanOut, RolloutChildren, BatchStop
         self._inp = inp  # the run's input; an add (``stream_add``) grows its rows in place
         self._flying: dict[str, CarriedRollout] = {}
         self._starting: set[str] = set()
+        self._finish_here: bool | None = None  # ``_worth_continuing``'s decision, once made
         self._waits: dict[str, int] = {}  # each consumer's latest stream_wait
         self._awaited: dict[str, asyncio.Future[AwaitedRollout]] = {}
         self._init_parts(inp)  # a streamed batch run as parts: those a previous run left running
@@ -175,7 +179,8 @@ class TasksetRun(StreamHandlers, StreamParts, FanOut, RolloutChildren, BatchStop
                     progress.total = progress.started + (len(self._stream.slots) if self._stream else 0)
                 if self._failed_on is not None:
                     continue  # cancel the rest at the top of the loop
-                if self._outlive and pending and self._too_long(inp):
+                if self._outlive and pending and self._too_long(inp) and self._worth_continuing(
+                        inp, index, total, pending):
                     break  # continue as new now: the next run awaits the rollouts still running
                 if not pending:
                     if self._held(index, total, inp):  # wait for an ack (or a long history)
@@ -299,6 +304,25 @@ class TasksetRun(StreamHandlers, StreamParts, FanOut, RolloutChildren, BatchStop
             if cond is not None and not cond.done():
                 cond.cancel()
         self._tally(inp, [f for f in done if f is not ack and f is not stop and f is not grown], results)
+
+    def _worth_continuing(self, inp: TasksetRunInput, index: int, total: int,
+                          pending: list[asyncio.Task[RolloutResult]]) -> bool:
+        """Whether a run whose history grew long continues as new with ``pending`` still running.
+        Not when nothing is left to start, the server's suggestion (not ``max_history_events``)
+        is what says long, and their ends keep the history under ``FINISH_UNDER`` events (decided
+        once): the new run would only await them, and each end that arrives while the
+        continue-as-new command is in flight fails that workflow task (Temporal's
+        UnhandledCommand); a worker replaying a long history under load lost that race again and
+        again (a part of 1,000 waiting agents closed 5-11 s after its last child). Earlier
+        histories continued as new here."""
+        if self._more(index, total):
+            return True
+        length = workflow.info().get_current_history_length()
+        if self._finish_here is None:
+            self._finish_here = (length <= inp.max_history_events
+                                 and length + EVENTS_PER_END * len(pending) < FINISH_UNDER
+                                 and workflow.patched(PATCH_FINISH_IN_RUN))
+        return not self._finish_here or length >= FINISH_UNDER
 
     def _tally_ended(self, inp: TasksetRunInput, pending: list[asyncio.Task[RolloutResult]],
                      results: list[RolloutResult]) -> list[asyncio.Task[RolloutResult]]:
