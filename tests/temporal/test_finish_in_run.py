@@ -15,12 +15,14 @@ import time
 
 import pytest
 from temporal_helpers import ENV_FILE, CountingAgent, DevServer
+from temporalio.worker import Replayer
 
 from durable_rollouts.models import Task
 from durable_rollouts.runtimes import LocalRuntime
 from durable_rollouts.sdk.taskset import Taskset
+from durable_rollouts.temporal.codec import data_converter
 from durable_rollouts.temporal.connection import connect_client
-from durable_rollouts.workflows import workflow_id
+from durable_rollouts.workflows import Rollout, TasksetRun, workflow_id
 
 SUGGEST = 30  # limit.historyCount.suggestContinueAsNew on this test's server
 
@@ -63,6 +65,8 @@ async def test_a_batch_with_nothing_left_to_start_finishes_in_its_run(suggesting
     assert len(kinds) > SUGGEST  # the server suggested continuing as new while rollouts ran
     assert "workflow_task_failed_event_attributes" not in kinds
     assert b"finish-in-run" in b"".join(e.SerializeToString() for e in histories[0].events)
+    # The run replays on this release's code, taking the same branch (deterministic).
+    await Replayer(workflows=[TasksetRun, Rollout], data_converter=data_converter()).replay_workflow(histories[0])
 
 
 async def test_a_batch_with_rows_left_still_continues_as_new(suggesting_server) -> None:
