@@ -10,9 +10,10 @@ import os
 import resource
 import sys
 import tempfile
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 LETTERS = str(ROOT / "examples" / "letters" / "env.py")
@@ -56,3 +57,18 @@ def peak_rss_mb() -> float:
 def percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+@asynccontextmanager
+async def home_client(home: Path) -> AsyncIterator[Any]:
+    """A client of a finished run's dev server, started again on that home's sqlite file (the
+    history readers: ``stream_histories.py``, ``batch_histories.py``); stopped on the way out."""
+    os.environ["ROLLOUTS_HOME"] = str(home)
+    os.environ.pop("ROLLOUTS_TEMPORAL_ADDRESS", None)
+    from durable_rollouts.temporal.connection import connect_client, ensure_dev_server, stop_dev_server
+
+    server = await ensure_dev_server(home, ui=False)
+    try:
+        yield await connect_client(server.address)
+    finally:
+        stop_dev_server(home)

@@ -22,10 +22,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 from pathlib import Path
 
-from _common import percentile
+from _common import home_client, percentile
 
 _TIMED_OUT = {"workflow_task_timed_out_event_attributes", "workflow_task_failed_event_attributes"}
 
@@ -68,19 +67,11 @@ def summary(name: str, events: list) -> str:  # type: ignore[type-arg]
 
 
 async def main(args: argparse.Namespace) -> None:
-    os.environ["ROLLOUTS_HOME"] = str(args.home)
-    os.environ.pop("ROLLOUTS_TEMPORAL_ADDRESS", None)
-    from durable_rollouts.temporal.connection import connect_client, ensure_dev_server, stop_dev_server
-
-    server = await ensure_dev_server(args.home, ui=False)
-    try:
-        client = await connect_client(server.address)
+    async with home_client(args.home) as client:
         async for wf in client.list_workflows("WorkflowType='TasksetRun'"):
             history = await client.get_workflow_handle(wf.id, run_id=wf.run_id).fetch_history()
             if len(history.events) >= args.min_events:
                 print(summary(wf.id, list(history.events)), flush=True)
-    finally:
-        stop_dev_server(args.home)
 
 
 if __name__ == "__main__":

@@ -22,11 +22,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 from collections import Counter, defaultdict
 from pathlib import Path
 
-from _common import percentile
+from _common import home_client, percentile
 
 
 def _seconds(event) -> float:  # type: ignore[no-untyped-def]
@@ -34,13 +33,7 @@ def _seconds(event) -> float:  # type: ignore[no-untyped-def]
 
 
 async def main(args: argparse.Namespace) -> None:
-    os.environ["ROLLOUTS_HOME"] = str(args.home)
-    os.environ.pop("ROLLOUTS_TEMPORAL_ADDRESS", None)
-    from durable_rollouts.temporal.connection import connect_client, ensure_dev_server, stop_dev_server
-
-    server = await ensure_dev_server(args.home, ui=False)
-    try:
-        client = await connect_client(server.address)
+    async with home_client(args.home) as client:
         runs: dict[str, list] = defaultdict(list)
         async for wf in client.list_workflows("WorkflowType='TasksetRun'"):
             runs[wf.id].append(wf)
@@ -48,8 +41,6 @@ async def main(args: argparse.Namespace) -> None:
         chain = sorted(runs[job if job.startswith("job-") else f"job-{job}"], key=lambda w: w.start_time)
         histories = [await client.get_workflow_handle(w.id, run_id=w.run_id).fetch_history() for w in chain]
         report(job, histories, args.size)
-    finally:
-        stop_dev_server(args.home)
 
 
 def report(job: str, histories: list, size: int) -> None:  # type: ignore[type-arg]

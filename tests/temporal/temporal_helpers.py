@@ -12,7 +12,9 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from pathlib import Path
 
 from durable_rollouts.models import Step
@@ -213,3 +215,16 @@ class DevServer:
                 self.proc.kill()
                 self.proc.wait(5)
         wait_for(lambda: not _listening(self.port), timeout=10, what="dev server stop")
+
+
+@contextmanager
+def configured_server(folder: Path, config: dict[str, object]) -> Iterator[DevServer]:
+    """A dev server on ``folder/temporal.db`` with these dynamic config values (a limit lowered so
+    a test stays small), started for the block and stopped after it."""
+    args = [arg for key, value in config.items() for arg in ("--dynamic-config-value", f"{key}={value}")]
+    server = DevServer(folder / "temporal.db", extra_args=tuple(args))
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()

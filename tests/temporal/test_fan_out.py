@@ -20,7 +20,7 @@ import time
 from collections import Counter
 
 import pytest
-from temporal_helpers import ENV_FILE, HERE, CountingAgent, DevServer, read_lines
+from temporal_helpers import ENV_FILE, HERE, CountingAgent, DevServer, configured_server, read_lines
 from temporalio.common import SearchAttributeKey
 from temporalio.worker import Replayer
 
@@ -44,11 +44,9 @@ ROWS, GROUP, WIDTH = 30, 2, 50  # 60 rollouts, 50 at a time: 4 parts of 15 slots
 
 @pytest.fixture(scope="module")
 def limited_server(tmp_path_factory: pytest.TempPathFactory):
-    server = DevServer(tmp_path_factory.mktemp("limited") / "temporal.db", extra_args=(
-        "--dynamic-config-value", f"limit.numPendingChildExecutions.error={LIMIT}"))
-    server.start()
-    yield server
-    server.stop()
+    with configured_server(tmp_path_factory.mktemp("limited"),
+                           {"limit.numPendingChildExecutions.error": LIMIT}) as server:
+        yield server
 
 
 @pytest.fixture

@@ -14,7 +14,7 @@ import os
 import time
 
 import pytest
-from temporal_helpers import ENV_FILE, CountingAgent, DevServer
+from temporal_helpers import ENV_FILE, CountingAgent, DevServer, configured_server
 from temporalio.worker import Replayer
 
 from durable_rollouts.models import Task
@@ -29,11 +29,9 @@ SUGGEST = 30  # limit.historyCount.suggestContinueAsNew on this test's server
 
 @pytest.fixture(scope="module")
 def suggesting_server(tmp_path_factory: pytest.TempPathFactory):
-    server = DevServer(tmp_path_factory.mktemp("suggest") / "temporal.db", extra_args=(
-        "--dynamic-config-value", f"limit.historyCount.suggestContinueAsNew={SUGGEST}"))
-    server.start()
-    yield server
-    server.stop()
+    with configured_server(tmp_path_factory.mktemp("suggest"),
+                           {"limit.historyCount.suggestContinueAsNew": SUGGEST}) as server:
+        yield server
 
 
 async def _run(server: DevServer, rows: int, width: int):  # type: ignore[no-untyped-def]
