@@ -28,6 +28,7 @@ from temporalio.client import (
     WorkflowHandle,
     WorkflowQueryRejectedError,
     WorkflowUpdateFailedError,
+    WorkflowUpdateRPCTimeoutOrCancelledError,
 )
 from temporalio.common import QueryRejectCondition
 from temporalio.service import RPCError, RPCStatusCode
@@ -171,6 +172,10 @@ class LiveJob(Job):
                 if SEALED in message:  # the batch is closing: storage takes it from here
                     raise JobClosedError(f"job {self.id} is closing: {message}") from exc
                 raise ConfigError(message) from exc
+            except WorkflowUpdateRPCTimeoutOrCancelledError as exc:
+                if isinstance(exc.__cause__, asyncio.CancelledError):  # temporalio's name for a
+                    raise asyncio.CancelledError() from exc  # cancelled caller (Ctrl-C, SIGTERM)
+                raise
             except RPCError as exc:
                 if not await self._running():
                     raise JobClosedError(f"job {self.id} has closed: {exc.message}") from exc

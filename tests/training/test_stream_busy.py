@@ -9,7 +9,10 @@ workflow handle and raises the server's own error type.
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
+from temporalio.client import WorkflowUpdateRPCTimeoutOrCancelledError
 from temporalio.service import RPCError, RPCStatusCode
 
 from durable_rollouts.temporal.live import LiveJob
@@ -34,7 +37,7 @@ class _Job(LiveJob):
         return self.handle
 
 
-def _job(handle: _Handle) -> LiveJob:
+def _job(handle: object) -> LiveJob:
     job = object.__new__(_Job)
     job.handle = handle
     return job
@@ -51,3 +54,21 @@ async def test_a_wrong_stream_query_fails_at_once() -> None:
     with pytest.raises(RPCError):
         await _job(handle).view("trainer", 0, 8)
     assert handle.calls == 1
+
+
+class _CancelledUpdate:
+    """Stands in for the handle: temporalio turns a cancelled ``execute_update`` caller into
+    ``WorkflowUpdateRPCTimeoutOrCancelledError`` (from the ``CancelledError``), as it does here."""
+
+    async def execute_update(self, *args: object, **kwargs: object) -> None:
+        try:
+            raise asyncio.CancelledError()
+        except asyncio.CancelledError as err:
+            raise WorkflowUpdateRPCTimeoutOrCancelledError() from err
+
+
+async def test_a_consumer_cancelled_mid_update_is_cancelled_not_failed() -> None:
+    """SIGTERM while a consumer waits on the batch (``stream_wait``) cancels it; the CLI then
+    exits 130, not with an error line (found by ``test_cli_stream``'s SIGTERM test, once)."""
+    with pytest.raises(asyncio.CancelledError):
+        await _job(_CancelledUpdate())._update("stream_wait", {"consumer": "trainer", "start": 0})  # type: ignore[arg-type]
