@@ -59,6 +59,11 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
+def event_seconds(event: Any) -> float:
+    """A history event's time, in seconds since the epoch."""
+    return event.event_time.ToMicroseconds() / 1e6
+
+
 @asynccontextmanager
 async def home_client(home: Path) -> AsyncIterator[Any]:
     """A client of a finished run's dev server, started again on that home's sqlite file (the

@@ -24,13 +24,10 @@ import argparse
 import asyncio
 from pathlib import Path
 
+from _common import event_seconds as _seconds
 from _common import home_client, percentile
 
 _TIMED_OUT = {"workflow_task_timed_out_event_attributes", "workflow_task_failed_event_attributes"}
-
-
-def _seconds(event) -> float:  # type: ignore[no-untyped-def]
-    return event.event_time.ToMicroseconds() / 1e6
 
 
 def summary(name: str, events: list) -> str:  # type: ignore[type-arg]

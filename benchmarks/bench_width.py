@@ -55,13 +55,6 @@ def _cpu(proc: psutil.Process) -> float:
     return times.user + times.system
 
 
-def _box_busy(since: psutil._common.scputimes, seconds: float) -> float:  # type: ignore[name-defined]
-    """The share of the box's cores busy since ``since`` (``psutil.cpu_times()``), 0..1."""
-    now = psutil.cpu_times()
-    idle = (now.idle + getattr(now, "iowait", 0.0)) - (since.idle + getattr(since, "iowait", 0.0))
-    return max(0.0, 1.0 - idle / (seconds * (psutil.cpu_count() or 1)))
-
-
 async def _plateau(n: int, deadline: float, counts: type = WaitAgent) -> int:
     """Wait until all ``n`` agents wait (or no more start for 5 s, or ``deadline``); ``counts``
     holds the ``waiting`` and ``started`` counters (``WaitAgent``, or ``_plain.Sleeping``)."""
@@ -125,7 +118,7 @@ async def one(n: int, wait: float, window: float, server: psutil.Process, tuner:
         await (await _ensure_worker(client, settings().task_queue, n)).release()
     sizes = [n // batches + (1 if i < n % batches else 0) for i in range(batches)]
     rows = letter_tasks(n)
-    t0, box0 = time.perf_counter(), psutil.cpu_times()
+    t0, _ = time.perf_counter(), psutil.cpu_percent()  # (starts its count)
     handles, offset, delivered, consumers = [], 0, [0], []
     for i, size in enumerate(sizes):
         taskset = Taskset(f"width-{n}-{i}", rows[offset:offset + size])
@@ -139,7 +132,7 @@ async def one(n: int, wait: float, window: float, server: psutil.Process, tuner:
     started_all = time.perf_counter() - t0
     reached = await _plateau(n, time.monotonic() + wait * 0.8)
     ramp = time.perf_counter() - t0
-    ramp_busy = _box_busy(box0, ramp)
+    ramp_busy = psutil.cpu_percent() / 100  # the box's cores, busy since t0
     rss = me.memory_info().rss
     await asyncio.sleep(max(0.0, min(settle, WaitAgent.first + wait - time.monotonic() - 5.0)))
     # sample only while every agent that started still waits: end before the first one is done
@@ -182,14 +175,14 @@ async def one_plain(n: int, wait: float, server: psutil.Process, parents: int) -
         await run_plain(client, f"width-warm-{n}-{time.monotonic_ns()}", 2, 2, 0.0)
         Sleeping.started = 0
         cpu0, server0 = _cpu(me), _cpu(server)
-        t0, box0 = time.perf_counter(), psutil.cpu_times()
+        t0, _ = time.perf_counter(), psutil.cpu_percent()  # (starts its count)
         sizes = [n // parents + (1 if i < n % parents else 0) for i in range(parents)]
         answered = asyncio.gather(*(run_plain(client, f"width-{n}-{i}-{time.monotonic_ns()}", size, size, wait,
                                               steps=6, attrs=True, heartbeat=False)
                                     for i, size in enumerate(sizes)))
         reached = await _plateau(n, time.monotonic() + wait * 0.8, Sleeping)
         ramp = time.perf_counter() - t0
-        ramp_busy = _box_busy(box0, ramp)
+        ramp_busy = psutil.cpu_percent() / 100  # the box's cores, busy since t0
         ok = sum(await answered)
         wall = time.perf_counter() - t0
     return {"wall": wall, "ratio": wall / wait, "ramp_s": ramp, "ramp_busy": ramp_busy,

@@ -25,11 +25,8 @@ import json
 from collections import Counter, defaultdict
 from pathlib import Path
 
+from _common import event_seconds as _seconds
 from _common import home_client, percentile
-
-
-def _seconds(event) -> float:  # type: ignore[no-untyped-def]
-    return event.event_time.ToMicroseconds() / 1e6
 
 
 async def main(args: argparse.Namespace) -> None:

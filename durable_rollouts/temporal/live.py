@@ -133,7 +133,8 @@ class _HandedOver(Exception):
 
 
 def _busy(exc: Exception) -> bool:
-    """A query the server or the worker could not take now, not a wrong one."""
+    """A query the server or the worker could not take now (or a run that closed as it came),
+    not a wrong one."""
     return isinstance(exc, _HandedOver) or (isinstance(exc, RPCError) and exc.status in _BUSY)
 
 
