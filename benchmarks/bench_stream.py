@@ -47,6 +47,7 @@ from pathlib import Path
 from typing import Self
 
 import psutil
+import _memtrace
 from _common import LETTERS, letter_tasks, percentile, private_home
 
 CONSUMER = "bench"
@@ -370,6 +371,7 @@ if __name__ == "__main__":
     args = parser.parse_args()
     if args.page_size < 1:
         parser.error("--page-size: use a whole number of groups >= 1")
+    _memtrace.start()
     with private_home() as home:
         asyncio.run(main(args))
         print(f"server home {home} (benchmarks/stream_histories.py --home {home} reads the batch's "
