@@ -20,6 +20,7 @@ from pydantic import Field
 
 from durable_rollouts.errors import ConfigError
 from durable_rollouts.models import StrictModel
+from durable_rollouts.settings import settings
 
 __all__ = ["Admission", "AdmissionTicket", "AdmitRequest", "ProvisionStarted", "admission_of",
            "admission_workflow_id"]
@@ -36,6 +37,7 @@ class Admission(StrictModel):
 
     max_provisions_per_s: float | None = Field(default=None, gt=0)
     max_substrates: int | None = Field(default=None, ge=1)
+    sweep_s: float = Field(default=60.0, gt=0)  # while requests wait on the ceiling: look for closed holders
 
     @property
     def burst(self) -> int:
@@ -65,7 +67,8 @@ def admission_of(max_provisions_per_s: float | None, max_substrates: int | None)
     if max_substrates is not None and (
             isinstance(max_substrates, bool) or not isinstance(max_substrates, int) or max_substrates < 1):
         raise ConfigError(f"max_substrates={max_substrates!r}: use a whole number of at least 1")
-    return Admission(max_provisions_per_s=max_provisions_per_s, max_substrates=max_substrates)
+    return Admission(max_provisions_per_s=max_provisions_per_s, max_substrates=max_substrates,
+                     sweep_s=settings().admission_sweep)
 
 
 def admission_workflow_id(task_queue: str, kind: str) -> str:

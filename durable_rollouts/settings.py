@@ -131,6 +131,11 @@ class Settings(BaseModel):
         "registered consumer acknowledged leave the batch's workflow state for `ROLLOUTS_STORAGE` "
         "in pages of this many (set when a job starts; `Taskset.start(page_size=...)` overrides).",
         ge=1)
+    admission_sweep: float = _var(
+        "ROLLOUTS_ADMISSION_SWEEP", 60.0, "Seconds between two looks, while rollouts wait on a "
+        "runtime's `max_substrates`, for holders that closed without giving their admission "
+        "ticket back (a terminated Rollout); each look is one activity (set when a runtime is "
+        "made).", gt=0)
     daytona_known_hosts: Path | None = _var(
         "ROLLOUTS_DAYTONA_KNOWN_HOSTS", None, "known_hosts file the Daytona SSH gateway's host "
         "key is checked against; unset, it is not checked (Daytona publishes none).")

@@ -44,7 +44,6 @@ with workflow.unsafe.imports_passed_through():
 __all__ = ["AdmissionState", "AdmissionWorkflow", "AdmitInput", "ClosedHoldersInput", "admitted"]
 
 IDLE = timedelta(minutes=10)  # nothing held, waiting or counting this long: the workflow ends
-SWEEP_EVERY_S = 60.0  # while requests wait on the ceiling: look for holders that closed
 MAX_HISTORY = 4_000  # continue-as-new past this many events (or when the server suggests it)
 EPSILON_S = 0.01  # margin on a reported start time
 
@@ -94,7 +93,7 @@ class AdmissionWorkflow:
             elif now - quiet_since >= IDLE.total_seconds():
                 await workflow.wait_condition(workflow.all_handlers_finished)
                 return self._s.granted
-            if self._blocked_on_ceiling() and now - last_sweep >= SWEEP_EVERY_S:
+            if self._blocked_on_ceiling() and now - last_sweep >= self._s.limits.sweep_s:
                 last_sweep = now
                 await self._sweep()
                 continue
@@ -172,7 +171,7 @@ class AdmissionWorkflow:
         if ends and self._s.waiting:
             waits.append(max(0.001, min(ends) - now))
         if self._blocked_on_ceiling():
-            waits.append(SWEEP_EVERY_S)
+            waits.append(self._s.limits.sweep_s)
         if not (self._s.holders or self._s.waiting or self._s.counting):
             waits.append(IDLE.total_seconds())
         return timedelta(seconds=min(waits)) if waits else None
