@@ -178,6 +178,7 @@ async def long_phase(taskset, agent, runtime, group: int, concurrency: int,
     Every consumer is registered, so a group leaves the workflow's state only when all of them
     acknowledged it; the slower one sets how much the batch keeps. Returns each consumer's log.
     """
+    from durable_rollouts.temporal.open_run import query_latest
     from durable_rollouts.workflows import TasksetRun, workflow_id
     from durable_rollouts.workflows.types import TasksetRunInput
 
@@ -197,7 +198,7 @@ async def long_phase(taskset, agent, runtime, group: int, concurrency: int,
         last_print = time.monotonic()
         while not all(out.done() for out in outs.values()):
             try:
-                kept = await handle.query(TasksetRun.stream_kept)
+                kept = await query_latest(handle, TasksetRun.stream_kept)
             except Exception:  # noqa: BLE001 - between two runs, or closed
                 await asyncio.sleep(0.5)
                 continue

@@ -142,6 +142,11 @@ class Settings(BaseModel):
     gc_every: float = _var(
         "ROLLOUTS_GC_EVERY", 300.0, "Worker processes remove orphaned substrates every this "
         "many seconds; 0 disables it (`--gc-every` overrides).", ge=0)
+    malloc_trim: float = _var(
+        "ROLLOUTS_MALLOC_TRIM", 10.0, "A process that runs a worker hands memory glibc's malloc "
+        "holds free back to the kernel every this many seconds, with a fixed mmap threshold of "
+        "256 KiB, so a long job's worker stays at a flat RSS; 0 leaves malloc as it is (read when "
+        "the process's first worker starts; a no-op without glibc).", ge=0)
     workspace_isolation: Literal["auto", "bwrap", "none"] = _var(
         "ROLLOUTS_WORKSPACE_ISOLATION", "auto", "Sandbox of env workspaces left at "
         "`isolation=\"auto\"`, read by the env server: `auto` runs agent commands in bubblewrap "

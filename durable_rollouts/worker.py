@@ -53,6 +53,7 @@ from durable_rollouts.activities.watch import RunningAgents, WatchActivities
 from durable_rollouts.capacity import DEFAULT_SLOTS, check_capacity, register_slots, slots_for
 from durable_rollouts.errors import ConfigError
 from durable_rollouts.ids import batch_of
+from durable_rollouts.malloc import keep_trimmed
 from durable_rollouts.release import worker_identity
 from durable_rollouts.settings import WORKER_READY, Settings, settings, var
 from durable_rollouts.stores.tracestore import TraceStore
@@ -143,6 +144,7 @@ class RolloutWorker:
         self._task: asyncio.Task[Any] | None = None
 
     async def run(self) -> None:
+        keep_trimmed(settings().malloc_trim)
         BOARD.workers += 1
         sweeper = None
         if self.gc_every_s > 0:

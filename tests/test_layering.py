@@ -138,7 +138,7 @@ LAYERS: tuple[frozenset[str], ...] = tuple(frozenset(layer) for layer in (
     # pure and shared by every layer
     {"models", "protocol", "errors", "step_io", "settings", "paths", "locks", "backoff",
      "processes", "streams", "release", "hud_detect", "graders", "moved", "ids", "_lazy", "capacity",
-     "admission"},
+     "admission", "malloc"},
     {"envserver", "client", "stores"},  # the env side, the control-channel client, claim checks
     {"runtimes"},  # where an env runs
     {"steps"},  # the card's steps and the plan

@@ -26,11 +26,9 @@ from temporalio.client import (
     Client,
     WorkflowExecutionStatus,
     WorkflowHandle,
-    WorkflowQueryRejectedError,
     WorkflowUpdateFailedError,
     WorkflowUpdateRPCTimeoutOrCancelledError,
 )
-from temporalio.common import QueryRejectCondition
 from temporalio.service import RPCError, RPCStatusCode
 
 from ..backoff import retry
@@ -54,6 +52,7 @@ from ..workflows.stream import (
 from ..workflows.types import AddedRows, AddRows
 from .batches import JobHandle, _client, _ensure_worker, _put_pages, start_job
 from .jobs import run_from_result
+from .open_run import HandedOver, query_open
 from .stream_reader import Chunk, JobClosedError, StreamReader
 
 __all__ = ["JobClosedError", "LiveJob", "StreamBatch", "UpdateTimeoutError", "attach", "start_live"]
@@ -128,14 +127,10 @@ class StreamBatch:
 _BUSY = {RPCStatusCode.RESOURCE_EXHAUSTED, RPCStatusCode.UNAVAILABLE, RPCStatusCode.DEADLINE_EXCEEDED}
 
 
-class _HandedOver(Exception):
-    """The batch's run closed as a query reached it (it continued as new): ask the next run."""
-
-
 def _busy(exc: Exception) -> bool:
     """A query the server or the worker could not take now (or a run that closed as it came),
     not a wrong one."""
-    return isinstance(exc, _HandedOver) or (isinstance(exc, RPCError) and exc.status in _BUSY)
+    return isinstance(exc, HandedOver) or (isinstance(exc, RPCError) and exc.status in _BUSY)
 
 
 class UpdateTimeoutError(DurableRolloutsError, TimeoutError):
@@ -199,17 +194,9 @@ class LiveJob(Job):
                            first_delay_s=0.2, max_delay_s=2.0, transient=_busy)
 
     async def _view(self, request: StreamRequest) -> StreamView:
-        """Ask the batch's open run. A query that reaches a run as it continues as new would be
-        answered by a worker replaying that closed run's whole history (5-6 s at 5,700 events,
-        measured): the server refuses it instead (``NOT_OPEN``), and the next run is asked. A
-        job that has closed for good is asked as it stands."""
-        try:
-            return await self._workflow.query(TasksetRun.stream_view, request,
-                                              reject_condition=QueryRejectCondition.NOT_OPEN)
-        except WorkflowQueryRejectedError:
-            if await self._running():
-                raise _HandedOver from None
-            return await self._workflow.query(TasksetRun.stream_view, request)
+        """Ask the batch's open run (``open_run``): a run closing as it continues as new refuses
+        (``HandedOver``, asked again by ``view``)."""
+        return await query_open(self._workflow, TasksetRun.stream_view, request)
 
     async def stream(self, consumer: str = "trainer", batch_size: int = 1, *,
                      poll_s: float = POLL_S) -> AsyncIterator[StreamBatch]:

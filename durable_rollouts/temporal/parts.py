@@ -14,19 +14,20 @@ from typing import Any
 from ..workflows import TasksetRun
 from ..workflows.fan_out import add_progress
 from ..workflows.types import Progress
+from .open_run import query_latest
 
 __all__ = ["batch_progress"]
 
 
 async def batch_progress(handle: Any, rpc_timeout: timedelta | None = None) -> Progress:
-    """The ``progress`` query of the batch behind ``handle``, its running parts' counters added
-    (a part that does not answer counts as not started)."""
-    progress: Progress = await handle.query(TasksetRun.progress, rpc_timeout=rpc_timeout)
+    """The ``progress`` query of the batch behind ``handle`` (asked of open runs: ``open_run``),
+    its running parts' counters added (a part that does not answer counts as not started)."""
+    progress: Progress = await query_latest(handle, TasksetRun.progress, rpc_timeout=rpc_timeout)
     if not progress.parts:
         return progress
     client = handle._client  # a WorkflowHandle keeps its client private
     answers = await asyncio.gather(
-        *(client.get_workflow_handle(wid).query(TasksetRun.progress, rpc_timeout=rpc_timeout)
+        *(query_latest(client.get_workflow_handle(wid), TasksetRun.progress, rpc_timeout=rpc_timeout)
           for wid in progress.parts),
         return_exceptions=True)
     for part in answers:

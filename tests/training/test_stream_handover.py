@@ -1,4 +1,4 @@
-"""A stream query that reaches a run as it continues as new is refused, and the next run is asked.
+"""A query that reaches a run as it continues as new is refused, and the next run is asked.
 
 Found in ``bench_stream.py --long``: a consumer's ``stream_view`` query that reached the batch's
 run while it continued as new was answered by the worker replaying that closed run's whole
@@ -21,6 +21,8 @@ from durable_rollouts.models import Task
 from durable_rollouts.runtimes import LocalRuntime
 from durable_rollouts.sdk.taskset import Taskset
 from durable_rollouts.temporal.live import LiveJob
+from durable_rollouts.temporal.open_run import HandedOver, query_open
+from durable_rollouts.temporal.parts import batch_progress
 from durable_rollouts.workflows import TasksetRun, workflow_id
 from durable_rollouts.workflows.stream import StreamRequest
 
@@ -66,8 +68,14 @@ async def test_a_query_reaching_a_run_as_it_continues_as_new_asks_the_next_run(
     racing.__dict__.update(job.__dict__)
     racing.first, racing.targets = first, []
     view = await racing.view("trainer", 0, 8)
-    assert racing.targets == [first, "latest", "latest"]  # refused, the job still runs, asked again
+    assert racing.targets == [first, "latest"]  # refused, the job still runs: asked again
     assert view.base == 0 and view.delivered >= 1
+
+    # the progress query (`rollouts show`, the CLI's bars) asks the open run the same way
+    with pytest.raises(HandedOver):
+        await query_open(client.get_workflow_handle(wid, run_id=first), TasksetRun.progress)
+    progress = await batch_progress(client.get_workflow_handle(wid))
+    assert progress.total == 8 and progress.started >= 1
 
     seen: list[str] = []
     async for batch in job.stream(consumer="trainer", batch_size=4):
