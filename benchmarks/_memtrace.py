@@ -1,7 +1,7 @@
 """Where a long-running worker's memory goes: a sampler thread that writes one JSON line a minute.
 
 Set ``BENCH_MEMTRACE=FILE`` (and optionally ``BENCH_MEMTRACE_EVERY=S``) before a bench starts; the
-bench calls :func:`start`. Each line holds the process's RSS, what Python's allocator holds
+bench calls :func:`start`. Each line holds the process's RSS and peak RSS (VmHWM; a bench resets it per phase), what Python's allocator holds
 (``sys.getallocatedblocks``), what glibc's malloc holds in use and free in its arenas
 (``mallinfo2``: Rust core and C extensions allocate there, pymalloc's small objects do not), the
 live objects the collector tracks, the thread count, and every fifth line the 12 most common
@@ -42,8 +42,21 @@ def _mallinfo() -> dict[str, int]:
             "malloc_free_mib": round(info.fordblks / mib, 1)}
 
 
+def _hwm_mib() -> float:
+    """The process's peak RSS so far (VmHWM), MiB; 0 where /proc has none."""
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    return round(int(line.split()[1]) / 1024, 1)
+    except OSError:
+        pass
+    return 0.0
+
+
 def _sample(me: psutil.Process, t0: float, n: int) -> dict:
     line = {"t_s": round(time.monotonic() - t0), "rss_mib": round(me.memory_info().rss / (1 << 20), 1),
+            "hwm_mib": _hwm_mib(),
             "py_blocks": sys.getallocatedblocks(), "threads": threading.active_count(),
             "os_threads": me.num_threads(), **_mallinfo()}
     objects = gc.get_objects()
