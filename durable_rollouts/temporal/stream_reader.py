@@ -37,6 +37,7 @@ __all__ = ["Chunk", "JobClosedError", "StreamReader"]
 
 MANIFEST_WAIT_S = 120.0  # how long a closing batch may take to write its manifest
 SPURIOUS_PAUSE_S = 0.1  # after a wait the batch ended early (its run continuing as new, say)
+HANDOVER_WAITS = 50  # waits in a row a run continuing as new may answer "handing over" (~5 s)
 
 
 @dataclass
@@ -131,17 +132,23 @@ class StreamReader:
         if self.closed or not self._wakes:
             await asyncio.sleep(poll_s)
             return
-        try:
-            delivered = int(await self.job._update(
-                "stream_wait", WaitRequest(consumer=self.consumer, start=start, want=want)))
-        except JobClosedError:
-            await self._close()
-            return
-        except ConfigError as exc:
-            if "stream_wait" not in str(exc) or "not found" not in str(exc):
-                raise
-            self._wakes = False  # an earlier release's workflow: poll
-            return
+        request = WaitRequest(consumer=self.consumer, start=start, want=want)
+        for _ in range(HANDOVER_WAITS):
+            try:
+                delivered = int(await self.job._update("stream_wait", request))
+            except JobClosedError:
+                await self._close()
+                return
+            except ConfigError as exc:
+                if "stream_wait" not in str(exc) or "not found" not in str(exc):
+                    raise
+                self._wakes = False  # an earlier release's workflow: poll
+                return
+            if delivered >= 0:
+                break
+            # the run continues as new with nothing more to read: wait on the next run instead
+            # of querying this one as it closes (that query would be answered by a replay)
+            await asyncio.sleep(SPURIOUS_PAUSE_S)
         if delivered < start + want:  # woken early: do not spin while a run hands over
             await asyncio.sleep(SPURIOUS_PAUSE_S)
 

@@ -39,6 +39,7 @@ with workflow.unsafe.imports_passed_through():
         ACT_STREAM_MANIFEST,
         ACT_STREAM_PAGE,
         PATCH_PAGES,
+        PATCH_WAIT_HANDOVER,
         KeptState,
         StreamManifest,
         StreamManifestInput,
@@ -75,6 +76,7 @@ class StreamHandlers:
     _additions = 0  # adds taken in this run (wakes a run waiting on its rollouts)
     _may_open_group: Callable[[], bool]  # whether a new group may start (``stream_parts``)
     _leaving = False  # the run is about to continue as new or close: waiting consumers return
+    _handing_over = False  # the run is about to continue as new: nothing more to read in it
     _waits: dict[str, int]  # each consumer's latest stream_wait (an older one returns)
 
     # -- slots: what to start next (the batch's own, or a re-sampled group's) -------------------
@@ -242,8 +244,11 @@ class StreamHandlers:
     async def stream_wait(self, req: WaitRequest) -> int:
         """Return once ``req.want`` groups from ``req.start`` on are delivered, the stream is done,
         the run is leaving (continue-as-new, close), or the consumer waits again (its newer wait
-        replaces this one: a consumer holds one wait at most). Returns the groups delivered.
-        Adds no command: histories without it replay unchanged."""
+        replaces this one: a consumer holds one wait at most). Returns the groups delivered, or,
+        woken short because the run continues as new, ``-1 - delivered``: the consumer waits on
+        the next run rather than query this one as it closes (a query that reaches a run during
+        its last workflow task is answered by replaying the closed run). Runs recorded before
+        ``PATCH_WAIT_HANDOVER`` return the count."""
         stream = self._need_stream()
         self._stream_updates += 1
         self._touched = True
@@ -252,7 +257,11 @@ class StreamHandlers:
         await workflow.wait_condition(
             lambda: (stream.total() >= req.start + req.want or self._stream_done() or self._leaving
                      or stream.sealed or waits.get(req.consumer) != token))
-        return stream.total()
+        total = stream.total()
+        if (self._handing_over and total < req.start + req.want and waits.get(req.consumer) == token
+                and workflow.patched(PATCH_WAIT_HANDOVER)):
+            return -1 - total
+        return total
 
     @stream_wait.validator
     def _check_wait(self, req: WaitRequest) -> None:

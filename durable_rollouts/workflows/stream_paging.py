@@ -38,6 +38,7 @@ __all__ = [
 ACT_STREAM_PAGE = "stream_page"
 ACT_STREAM_MANIFEST = "stream_manifest"
 PATCH_PAGES = "stream-pages"  # the workflow.patched() id of paging (runs before it never page)
+PATCH_WAIT_HANDOVER = "stream-wait-handover"  # ``stream_wait`` says a run continuing as new
 
 
 def _prefix(job_id: str, batch_index: int) -> str:

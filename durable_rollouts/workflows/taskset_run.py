@@ -226,7 +226,7 @@ class TasksetRun(StreamHandlers, StreamParts, FanOut, RolloutChildren, BatchStop
                                pending: list[asyncio.Task[RolloutResult]]) -> None:
         """Flush the results to claim checks (when many) and continue as new from ``index``,
         carrying the rollouts still running (``pending``: only under ``PATCH_OUTLIVE``)."""
-        self._leaving = True  # consumers waiting on this run return (they wait on the next)
+        self._leaving = self._handing_over = True  # consumers waiting here wait on the next run
         await self._page_out(inp)  # carry only the groups not every consumer acknowledged
         if len(results) > inp.flush_results_over:  # claim checks of <=FLUSH_CHUNK results each
             refs = [*refs, *await self._flush_all(inp, results, len(refs))]

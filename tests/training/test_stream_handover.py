@@ -16,14 +16,16 @@ import pytest
 from temporal_helpers import ENV_FILE, CountingAgent
 from temporalio.client import WorkflowQueryRejectedError
 from temporalio.common import QueryRejectCondition
+from temporalio.worker import Replayer
 
 from durable_rollouts.models import Task
 from durable_rollouts.runtimes import LocalRuntime
 from durable_rollouts.sdk.taskset import Taskset
+from durable_rollouts.temporal.codec import data_converter
 from durable_rollouts.temporal.live import LiveJob
 from durable_rollouts.temporal.open_run import HandedOver, query_open
 from durable_rollouts.temporal.parts import batch_progress
-from durable_rollouts.workflows import TasksetRun, workflow_id
+from durable_rollouts.workflows import Rollout, TasksetRun, workflow_id
 from durable_rollouts.workflows.stream import StreamRequest
 
 
@@ -83,3 +85,54 @@ async def test_a_query_reaching_a_run_as_it_continues_as_new_asks_the_next_run(
         await batch.ack()
     assert len(seen) == len(set(seen)) == 8
     await asyncio.wait_for(job.wait(), 60)
+
+
+class _Logged(LiveJob):
+    """Logs every stream_view query and what every stream_wait returned, in order."""
+
+    calls: list[str]
+
+    async def view(self, consumer: str, start: int, limit: int):  # type: ignore[no-untyped-def]
+        self.calls.append("view")
+        return await super().view(consumer, start, limit)
+
+    async def _update(self, name: str, arg):  # type: ignore[no-untyped-def]
+        result = await super()._update(name, arg)
+        if name == "stream_wait":
+            self.calls.append(f"wait {int(result)}")
+        return result
+
+
+async def test_a_consumer_woken_by_a_handover_waits_on_the_next_run_without_a_query(
+        client, task_queue) -> None:
+    """A run continuing as new wakes its waiting consumers with ``-1 - delivered``; the consumer
+    then waits again (on the next run) and asks no ``stream_view`` of the closing run, which
+    would be answered by replaying it once it closed. Every group still arrives once."""
+    rows = [Task(env="counting", id="echo", source=ENV_FILE, args={"expected": "x", "tag": f"row{i}"})
+            for i in range(12)]
+    job = await Taskset("handover-wait", rows).start(
+        CountingAgent(answer="x", seconds=0.3), runtime=LocalRuntime(ENV_FILE), temporal=client,
+        worker=True, task_queue=task_queue, consumers=["trainer"], max_concurrent=1,
+        max_history_events=40, linger_s=120)
+    logged = object.__new__(_Logged)
+    logged.__dict__.update(job.__dict__)
+    logged.calls = []
+    seen: list[str] = []
+    async for batch in logged.stream(consumer="trainer", batch_size=4):  # waits span runs
+        seen.extend(r.group_id for r in batch.records)
+        await batch.ack()
+    assert len(seen) == len(set(seen)) == 12
+    handovers = [i for i, call in enumerate(logged.calls) if call.startswith("wait -")]
+    assert handovers, " ".join(logged.calls)  # the batch continued as new under a waiting consumer
+    after = [logged.calls[i + 1] for i in handovers if i + 1 < len(logged.calls)]
+    assert all(call.startswith("wait") for call in after), logged.calls
+    await asyncio.wait_for(job.wait(), 60)
+    wid = workflow_id(job.id)
+    runs = [wf async for wf in client.list_workflows(f"WorkflowId = '{wid}'")]
+    assert len(runs) >= 3
+    histories = [await client.get_workflow_handle(wid, run_id=wf.run_id).fetch_history() for wf in runs]
+    marked = [h for h in histories if b"stream-wait-handover" in b"".join(e.SerializeToString() for e in h.events)]
+    assert marked  # the runs that said "handing over" recorded the patch, and replay on this code
+    replayer = Replayer(workflows=[TasksetRun, Rollout], data_converter=data_converter())
+    for history in marked:
+        await replayer.replay_workflow(history)
