@@ -29,6 +29,16 @@ from durable_rollouts.workflows import Rollout, TasksetRun, workflow_id
 from durable_rollouts.workflows.stream import StreamRequest
 
 
+async def _short_runs(client, task_queue: str, *, rows: int, seconds: float, width: int) -> LiveJob:  # type: ignore[no-untyped-def]
+    """A streamed job for consumer "trainer" whose runs continue as new every ~40 events."""
+    tasks = [Task(env="counting", id="echo", source=ENV_FILE, args={"expected": "x", "tag": f"row{i}"})
+             for i in range(rows)]
+    return await Taskset("handover", tasks).start(
+        CountingAgent(answer="x", seconds=seconds), runtime=LocalRuntime(ENV_FILE), temporal=client,
+        worker=True, task_queue=task_queue, consumers=["trainer"], max_concurrent=width,
+        max_history_events=40, linger_s=120)
+
+
 class _Racing(LiveJob):
     """Its first call reaches the run ``first`` (closed by continue-as-new); then the latest run."""
 
@@ -44,12 +54,7 @@ class _Racing(LiveJob):
 
 async def test_a_query_reaching_a_run_as_it_continues_as_new_asks_the_next_run(
         client, task_queue, tmp_path: Path) -> None:
-    rows = [Task(env="counting", id="echo", source=ENV_FILE, args={"expected": "x", "tag": f"row{i}"})
-            for i in range(8)]
-    job = await Taskset("handover", rows).start(
-        CountingAgent(answer="x", seconds=0.1), runtime=LocalRuntime(ENV_FILE), temporal=client,
-        worker=True, task_queue=task_queue, consumers=["trainer"], max_concurrent=2,
-        max_history_events=40, linger_s=120)
+    job = await _short_runs(client, task_queue, rows=8, seconds=0.1, width=2)
     wid = workflow_id(job.id)
     for _ in range(300):  # until the batch has continued as new at least once
         runs = [wf async for wf in client.list_workflows(f"WorkflowId = '{wid}'")]
@@ -108,12 +113,7 @@ async def test_a_consumer_woken_by_a_handover_waits_on_the_next_run_without_a_qu
     """A run continuing as new wakes its waiting consumers with ``-1 - delivered``; the consumer
     then waits again (on the next run) and asks no ``stream_view`` of the closing run, which
     would be answered by replaying it once it closed. Every group still arrives once."""
-    rows = [Task(env="counting", id="echo", source=ENV_FILE, args={"expected": "x", "tag": f"row{i}"})
-            for i in range(12)]
-    job = await Taskset("handover-wait", rows).start(
-        CountingAgent(answer="x", seconds=0.3), runtime=LocalRuntime(ENV_FILE), temporal=client,
-        worker=True, task_queue=task_queue, consumers=["trainer"], max_concurrent=1,
-        max_history_events=40, linger_s=120)
+    job = await _short_runs(client, task_queue, rows=12, seconds=0.3, width=1)
     logged = object.__new__(_Logged)
     logged.__dict__.update(job.__dict__)
     logged.calls = []
