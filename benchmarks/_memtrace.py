@@ -14,6 +14,7 @@ from __future__ import annotations
 import collections
 import ctypes
 import ctypes.util
+import functools
 import gc
 import json
 import os
@@ -22,6 +23,7 @@ import threading
 import time
 
 import psutil
+from _common import peak_mb
 
 
 class _MallInfo2(ctypes.Structure):
@@ -30,33 +32,29 @@ class _MallInfo2(ctypes.Structure):
         "fordblks", "keepcost")]
 
 
-def _mallinfo() -> dict[str, int]:
+@functools.cache
+def _libc() -> ctypes.CDLL | None:
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c"))
         libc.mallinfo2.restype = _MallInfo2
-        info = libc.mallinfo2()
     except (OSError, AttributeError):  # not glibc >= 2.33
+        return None
+    return libc
+
+
+def _mallinfo() -> dict[str, int]:
+    libc = _libc()
+    if libc is None:
         return {}
+    info = libc.mallinfo2()
     mib = 1 << 20
     return {"malloc_in_use_mib": round((info.uordblks + info.hblkhd) / mib, 1),
             "malloc_free_mib": round(info.fordblks / mib, 1)}
 
 
-def _hwm_mib() -> float:
-    """The process's peak RSS so far (VmHWM), MiB; 0 where /proc has none."""
-    try:
-        with open("/proc/self/status") as status:
-            for line in status:
-                if line.startswith("VmHWM:"):
-                    return round(int(line.split()[1]) / 1024, 1)
-    except OSError:
-        pass
-    return 0.0
-
-
 def _sample(me: psutil.Process, t0: float, n: int) -> dict:
     line = {"t_s": round(time.monotonic() - t0), "rss_mib": round(me.memory_info().rss / (1 << 20), 1),
-            "hwm_mib": _hwm_mib(),
+            "hwm_mib": round(peak_mb(), 1),
             "py_blocks": sys.getallocatedblocks(), "threads": threading.active_count(),
             "os_threads": me.num_threads(), **_mallinfo()}
     objects = gc.get_objects()

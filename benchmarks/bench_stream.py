@@ -48,7 +48,7 @@ from typing import Self
 
 import psutil
 import _memtrace
-from _common import LETTERS, letter_tasks, percentile, private_home
+from _common import LETTERS, letter_tasks, peak_mb, percentile, private_home
 
 CONSUMER = "bench"
 
@@ -83,7 +83,7 @@ class Phase:
         self.wall = time.perf_counter() - self._t0
         self.cpu = _cpu(self.me) - self._cpu0[0]
         self.server_cpu = _cpu(self.server) - self._cpu0[1]
-        self.rss_mb, self.server_rss_mb = _peak_mb(self.me.pid), _peak_mb(self.server.pid)
+        self.rss_mb, self.server_rss_mb = peak_mb(self.me.pid), peak_mb(self.server.pid)
 
     def __exit__(self, *exc: object) -> None:
         if not self.wall:
@@ -103,13 +103,6 @@ def _children_cpu() -> float:
 def _reset_peak(pid: int) -> None:
     """Reset the process's peak RSS (VmHWM) to its current RSS (Linux: clear_refs 5)."""
     Path(f"/proc/{pid}/clear_refs").write_text("5")
-
-
-def _peak_mb(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) / 1024
-    return float("nan")
 
 
 async def run_phase(taskset, agent, runtime, group: int, concurrency: int, phase: Phase) -> None:
@@ -206,12 +199,12 @@ async def long_phase(taskset, agent, runtime, group: int, concurrency: int,
             long.state_max = max(long.state_max, kept.state_bytes)
             delivered = kept.base + kept.kept_groups
             while marks and delivered * 100 >= marks[0] * total:
-                long.rss_at[marks.pop(0)] = (_peak_mb(phase.me.pid), _peak_mb(phase.server.pid))
+                long.rss_at[marks.pop(0)] = (peak_mb(phase.me.pid), peak_mb(phase.server.pid))
             if time.monotonic() - last_print > 300:  # a sign of life on a run of an hour or more
                 last_print = time.monotonic()
                 print(f"  ... {delivered}/{total} groups finished, {kept.kept_groups} kept, "
                       f"{time.perf_counter() - phase._t0:.0f} s, peak RSS worker / server "
-                      f"{_peak_mb(phase.me.pid):.0f} / {_peak_mb(phase.server.pid):.0f} MiB",
+                      f"{peak_mb(phase.me.pid):.0f} / {peak_mb(phase.server.pid):.0f} MiB",
                       flush=True)
             await asyncio.wait(set(outs.values()), timeout=2.0, return_when=asyncio.FIRST_COMPLETED)
         phase.stop()
