@@ -113,14 +113,20 @@ class _BoardInbound(WorkflowInboundInterceptor):
         batch = batch_of(info.parent.workflow_id) if info.parent is not None else None
         if info.workflow_type != "Rollout" or batch is None:
             return await super().execute_workflow(input)
-        BOARD.started(batch, info.workflow_id)
+        # A replay posts nothing: what it replays was posted when it ran (here, or in a process
+        # whose board this one never saw), and a finished rollout replayed to answer a query
+        # would otherwise count again once the board forgot its id.
+        if not workflow.unsafe.is_replaying():
+            BOARD.started(batch, info.workflow_id)
         try:
             result = await super().execute_workflow(input)
         except asyncio.CancelledError:  # the parent counts it cancelled too (eviction is no such error)
-            BOARD.finished(batch, info.workflow_id, "cancelled", None)
+            if not workflow.unsafe.is_replaying():
+                BOARD.finished(batch, info.workflow_id, "cancelled", None)
             raise
-        BOARD.finished(batch, info.workflow_id, getattr(result, "status", ""),
-                       getattr(result, "reward", None))
+        if not workflow.unsafe.is_replaying():
+            BOARD.finished(batch, info.workflow_id, getattr(result, "status", ""),
+                           getattr(result, "reward", None))
         return result
 
 

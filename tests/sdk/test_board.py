@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from durable_rollouts.temporal.board import MAX_BATCHES, ProgressBoard
+from durable_rollouts.temporal.board import MAX_BATCHES, RECENT_FINISHED, ProgressBoard
 
 
 def test_replayed_posts_count_once_and_running_is_started_minus_finished() -> None:
@@ -36,3 +36,20 @@ def test_closed_batches_are_forgotten_and_only_the_newest_batches_are_kept() -> 
     board.started("job-0", "r2")  # touched again: among the newest
     assert board.get("job-0") is not None
     assert board.get("job-1") is None and board.get(f"job-{MAX_BATCHES + 4}") is not None
+
+
+def test_a_batch_remembers_only_its_newest_finished_ids() -> None:
+    """A job of any length holds at most RECENT_FINISHED ids per batch (all of them were 13 MiB
+    per 100,000 rollouts in a worker): the counts still take every result, a result posted twice
+    within the window counts once, and no running rollout is forgotten."""
+    board = ProgressBoard()
+    n = 3 * RECENT_FINISHED
+    for i in range(n):
+        board.started("long", f"r{i}")
+        board.finished("long", f"r{i}", "succeeded", 1.0)
+    board.started("long", "still-running")
+    board.finished("long", f"r{n - 1}", "succeeded", 1.0)  # a retried task posts it again
+    snap = board.get("long")
+    assert snap is not None and snap.finished == n and snap.running == 1 and snap.graded == n
+    entry = board._batches["long"]
+    assert len(entry.finished) == RECENT_FINISHED and entry.started == {"still-running"}

@@ -63,6 +63,15 @@ async def test_board_counts_an_in_process_batch_without_queries_and_forgets_it(c
     assert spy.queries <= 1 + elapsed // QUERY_WITH_BOARD_S, (spy.queries, elapsed)
     assert len(seen) > 5 * spy.queries
     assert BOARD.get(handle.workflow_id) is None
+    # A finished rollout replayed to answer a query posts nothing: the board does not count it
+    # again (nor bring back the closed batch) once it has forgotten the rollout's id.
+    children = [e.child_workflow_execution_started_event_attributes.workflow_execution.workflow_id
+                async for e in handle.handle.fetch_history_events()
+                if e.HasField("child_workflow_execution_started_event_attributes")]
+    assert len(children) == 4
+    for child in children:
+        assert await client.get_workflow_handle(child).query("phase") is not None
+    assert BOARD.get(handle.workflow_id) is None
 
 
 async def test_feed_falls_back_to_the_query_when_the_board_saw_less(client, task_queue) -> None:
