@@ -7,6 +7,12 @@ bench calls :func:`start`. Each line holds the process's RSS and peak RSS (VmHWM
 live objects the collector tracks, the thread count, and every fifth line the 12 most common
 object types. A Python heap that stays flat while RSS climbs points at native memory; arenas'
 free bytes that climb point at fragmentation rather than a leak.
+
+Once the embedded server runs (``ROLLOUTS_HOME/temporal.json``), each line also holds the
+server's RSS split into anonymous, file-backed and shared pages (``/proc``) and, from its
+``/metrics`` endpoint, the Go heap (in use, idle, released), goroutines and the history service's
+cache usage: whether a growing server holds live objects, pages it has not returned, or the
+sqlite file mapped.
 """
 
 from __future__ import annotations
@@ -21,6 +27,8 @@ import os
 import sys
 import threading
 import time
+import urllib.request
+from pathlib import Path
 
 import psutil
 from _common import peak_mb
@@ -52,6 +60,66 @@ def _mallinfo() -> dict[str, int]:
             "malloc_free_mib": round(info.fordblks / mib, 1)}
 
 
+_GO_GAUGES = ("memory_heap", "memory_heapinuse", "memory_heapidle", "memory_heapreleased",
+              "memory_stack", "num_goroutines")
+
+
+class _Server:
+    """The embedded server of this bench's ``ROLLOUTS_HOME``, found once it has started."""
+
+    def __init__(self) -> None:
+        self.pid: int | None = None
+        self.metrics: str | None = None
+
+    def _find(self) -> None:
+        try:
+            info = json.loads((Path(os.environ["ROLLOUTS_HOME"]) / "temporal.json").read_text())
+            ports = {c.laddr.port for c in psutil.Process(info["pid"]).net_connections("tcp")
+                     if c.status == psutil.CONN_LISTEN} - {info.get("port"), info.get("ui_port")}
+        except (KeyError, OSError, ValueError, psutil.Error):
+            return
+        self.pid = info["pid"]
+        for port in sorted(ports):
+            url = f"http://127.0.0.1:{port}/metrics"
+            try:
+                with urllib.request.urlopen(url, timeout=2) as reply:
+                    if b"memory_heap" in reply.read():
+                        self.metrics = url
+                        return
+            except OSError:
+                continue
+
+    def sample(self) -> dict:
+        if self.pid is None or self.metrics is None:
+            self._find()
+        if self.pid is None:
+            return {}
+        line: dict = {}
+        try:
+            for row in Path(f"/proc/{self.pid}/status").read_text().splitlines():
+                key, _, value = row.partition(":")
+                if key in ("VmRSS", "VmHWM", "RssAnon", "RssFile", "RssShmem"):
+                    line[f"server_{key}_mib"] = round(int(value.split()[0]) / 1024, 1)
+        except OSError:
+            return {}
+        if self.metrics is not None:
+            try:
+                with urllib.request.urlopen(self.metrics, timeout=5) as reply:
+                    text = reply.read().decode()
+            except OSError:
+                return line
+            for row in text.splitlines():
+                name, _, value = row.rpartition(" ")
+                base = name.partition("{")[0]
+                if base in _GO_GAUGES and 'service_name="history"' in name:
+                    scale = 1 if base == "num_goroutines" else 1 << 20
+                    line[f"server_{base}"] = round(float(value) / scale, 1)
+                elif base == "cache_usage" and 'service_name="history"' in name:
+                    kind = name.partition('cache_type="')[2].partition('"')[0]
+                    line[f"server_cache_{kind}"] = float(value)
+        return line
+
+
 def _sample(me: psutil.Process, t0: float, n: int) -> dict:
     line = {"t_s": round(time.monotonic() - t0), "rss_mib": round(me.memory_info().rss / (1 << 20), 1),
             "hwm_mib": round(peak_mb(), 1),
@@ -73,10 +141,10 @@ def start() -> None:
     every = float(os.environ.get("BENCH_MEMTRACE_EVERY", "60"))
 
     def loop() -> None:
-        me, t0, n = psutil.Process(), time.monotonic(), 0
+        me, t0, n, server = psutil.Process(), time.monotonic(), 0, _Server()
         with open(path, "a") as out:
             while True:
-                out.write(json.dumps(_sample(me, t0, n)) + "\n")
+                out.write(json.dumps({**_sample(me, t0, n), **server.sample()}) + "\n")
                 out.flush()
                 n += 1
                 time.sleep(every)
