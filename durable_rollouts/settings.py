@@ -147,6 +147,11 @@ class Settings(BaseModel):
         "holds free back to the kernel every this many seconds, with a fixed mmap threshold of "
         "256 KiB, so a long job's worker stays at a flat RSS; 0 leaves malloc as it is (read when "
         "the process's first worker starts; a no-op without glibc).", ge=0)
+    sticky_timeout: float = _var(
+        "ROLLOUTS_STICKY_TIMEOUT", 10.0, "Seconds a workflow's next task may wait for the worker "
+        "that has the workflow cached before another worker (or the same one) takes it with a "
+        "replay of the whole history; a busy worker that answers late is cheaper than a replay "
+        "of a long batch run (set when a worker starts).", gt=0)
     workspace_isolation: Literal["auto", "bwrap", "none"] = _var(
         "ROLLOUTS_WORKSPACE_ISOLATION", "auto", "Sandbox of env workspaces left at "
         "`isolation=\"auto\"`, read by the env server: `auto` runs agent commands in bubblewrap "

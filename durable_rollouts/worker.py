@@ -284,7 +284,7 @@ def build_worker(client: Client, *, task_queue: str = DEFAULT_TASK_QUEUE, host_q
         max_cached_workflows=max(DEFAULT_CACHED_WORKFLOWS, max_concurrent_activities + SLOT_CACHE_MARGIN),
         workflow_task_poller_behavior=PollerBehaviorSimpleMaximum(maximum=WORKFLOW_TASK_POLLS),
         nonsticky_to_sticky_poll_ratio=NONSTICKY_POLL_RATIO,
-        sticky_queue_schedule_to_start_timeout=timedelta(seconds=5),
+        sticky_queue_schedule_to_start_timeout=timedelta(seconds=settings().sticky_timeout),
         **common,
     )]
     for queue in queues.extra:

@@ -2,10 +2,12 @@
 
 A worker built by ``durable_rollouts.worker`` posts here when a ``Rollout`` child starts and when
 it returns its result (a workflow interceptor; posting emits no command, so replays are
-unaffected, and a replayed post is idempotent because it is keyed by the rollout id). A follower
-in the same process (``rollouts run`` with its embedded worker) reads the counters for free
-instead of querying the batch workflow. It only sees rollouts this process ran: followers must
-treat it as a lower bound and still ask the workflow now and then. Pure Python, no temporalio.
+unaffected, and a replay posts nothing). A result posted twice by a retried task counts once, by
+the rollout id, among the newest ``RECENT_FINISHED``, so a batch's entry stays small however long
+the job runs. A follower in the same process (``rollouts run`` with its embedded worker) reads
+the counters for free instead of querying the batch workflow. It only sees rollouts this process
+ran: followers must treat it as a lower bound and still ask the workflow now and then. Pure
+Python, no temporalio.
 """
 
 from __future__ import annotations

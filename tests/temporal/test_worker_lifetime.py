@@ -89,3 +89,27 @@ async def test_a_batch_next_to_its_worker_starts_eagerly_and_one_without_does_no
                              temporal=client, worker=False, task_queue=task_queue)
     job = await asyncio.wait_for(remote.wait(), 60)
     assert [r.status for r in job.runs] == ["succeeded"] and not await accepted(remote.handle)
+
+
+async def test_the_sticky_timeout_comes_from_the_setting(client, task_queue, monkeypatch) -> None:
+    """A workflow's next task waits ``ROLLOUTS_STICKY_TIMEOUT`` (10 s) for the worker that has it
+    cached: at 5 s, a long batch run's task on a busy box went to the normal queue and was
+    replayed whole (5,000 events, a 16 MiB peak in the worker). A bad value is refused."""
+    from datetime import timedelta
+
+    from durable_rollouts.errors import ConfigError
+    from durable_rollouts.worker import build_worker
+
+    built: list[str] = []
+
+    def sticky() -> timedelta:  # a queue each: one process registers one worker per queue
+        built.append(f"{task_queue}-{len(built)}")
+        worker = build_worker(client, task_queue=built[-1])
+        return worker.workers[0].config()["sticky_queue_schedule_to_start_timeout"]
+
+    assert sticky() == timedelta(seconds=10)
+    monkeypatch.setenv("ROLLOUTS_STICKY_TIMEOUT", "2.5")
+    assert sticky() == timedelta(seconds=2.5)
+    monkeypatch.setenv("ROLLOUTS_STICKY_TIMEOUT", "0")
+    with pytest.raises(ConfigError, match="ROLLOUTS_STICKY_TIMEOUT"):
+        sticky()
