@@ -54,15 +54,26 @@ def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
+def proc_status(pid: int | str = "self") -> dict[str, int]:
+    """The sized fields of ``/proc/PID/status`` (VmRSS, VmHWM, RssAnon, ...), in kB; {} without
+    /proc."""
+    try:
+        text = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return {}
+    fields = {}
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        parts = value.split()
+        if len(parts) == 2 and parts[1] == "kB":
+            fields[key] = int(parts[0])
+    return fields
+
+
 def peak_mb(pid: int | str = "self") -> float:
     """A process's peak RSS (VmHWM) in MiB, which a bench may reset per phase; nan without /proc."""
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    return float("nan")
+    kb = proc_status(pid).get("VmHWM")
+    return float("nan") if kb is None else kb / 1024
 
 
 def percentile(values: list[float], q: float) -> float:

@@ -31,7 +31,7 @@ import urllib.request
 from pathlib import Path
 
 import psutil
-from _common import peak_mb
+from _common import peak_mb, proc_status
 
 
 class _MallInfo2(ctypes.Structure):
@@ -94,13 +94,10 @@ class _Server:
             self._find()
         if self.pid is None:
             return {}
-        line: dict = {}
-        try:
-            for row in Path(f"/proc/{self.pid}/status").read_text().splitlines():
-                key, _, value = row.partition(":")
-                if key in ("VmRSS", "VmHWM", "RssAnon", "RssFile", "RssShmem"):
-                    line[f"server_{key}_mib"] = round(int(value.split()[0]) / 1024, 1)
-        except OSError:
+        line: dict = {f"server_{key}_mib": round(kb / 1024, 1)
+                      for key, kb in proc_status(self.pid).items()
+                      if key in ("VmRSS", "VmHWM", "RssAnon", "RssFile", "RssShmem")}
+        if not line:  # the server is gone
             return {}
         if self.metrics is not None:
             try:

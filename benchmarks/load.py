@@ -27,7 +27,7 @@ import time
 import uuid
 from pathlib import Path
 
-from _common import with_test_helpers
+from _common import proc_status, with_test_helpers
 
 with_test_helpers("temporal")
 ROOT = Path(__file__).resolve().parent.parent
@@ -42,13 +42,6 @@ TICK = os.sysconf("SC_CLK_TCK")
 def cpu_seconds(pid: int) -> float:
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[-1].split()
     return (int(fields[11]) + int(fields[12])) / TICK  # utime, stime
-
-
-def status_kb(pid: int, key: str) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith(key + ":"):
-            return int(line.split()[1])
-    return 0
 
 
 def pct(values: list[float], p: float) -> float:
@@ -87,11 +80,11 @@ async def main_async(args: argparse.Namespace) -> None:
                                  task_queue=queue, max_concurrent=args.rollouts)
         waiter = asyncio.ensure_future(handle.wait())
         while not waiter.done():
-            rss_samples.append(status_kb(pid, "VmRSS"))
+            rss_samples.append(proc_status(pid).get("VmRSS", 0))
             await asyncio.wait({waiter}, timeout=0.5)
         job = waiter.result()
         wall, cpu = time.monotonic() - t0, cpu_seconds(pid) - cpu0
-        hwm = status_kb(pid, "VmHWM")
+        hwm = proc_status(pid).get("VmHWM", 0)
         statuses: dict[str, int] = {}
         for run in job.runs:
             statuses[run.status] = statuses.get(run.status, 0) + 1
